@@ -1,0 +1,27 @@
+-- hold_renew.lua: renew (or extend) a batch of holds, all in one hash slot.
+-- Serves every lock type whose hold is a hash {o = owner, f = fencing token}.
+--
+-- KEYS[i]         hold hash of the i-th lock
+-- ARGV[1]         lease in ms: each renewed hold expires this long from now
+-- ARGV[2i], ARGV[2i+1]   owner id and fencing token of the i-th hold
+--
+-- Returns an array with one code per key:
+--   1 renewed, 0 the key is gone (expired or deleted), -1 another owner holds it,
+--  -2 the same owner holds it under a newer fencing token (this hold was lost meanwhile).
+local lease = tonumber(ARGV[1])
+local codes = {}
+for i, hold in ipairs(KEYS) do
+  local fields = redis.call('HMGET', hold, 'o', 'f')
+  local owner, token = ARGV[2 * i], ARGV[2 * i + 1]
+  if not fields[1] then
+    codes[i] = 0
+  elseif fields[1] ~= owner then
+    codes[i] = -1
+  elseif fields[2] ~= token then
+    codes[i] = -2
+  else
+    redis.call('PEXPIRE', hold, lease)
+    codes[i] = 1
+  end
+end
+return codes

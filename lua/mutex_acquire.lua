@@ -1,0 +1,46 @@
+-- mutex_acquire.lua: take or re-enter an exclusive reentrant lock.
+--
+-- KEYS[1] hold     hash {o = owner id, c = hold count, f = fencing token, r = last op id}
+--                  (a hash with only r is the tombstone of a release; see mutex_release.lua)
+-- KEYS[2] fence    counter of fencing tokens; never expires, never reset
+-- KEYS[3] waiters  marker "someone may be waiting"; releases emit an event only while it exists
+-- ARGV[1] owner id
+-- ARGV[2] lease in ms (> 0)
+-- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
+-- ARGV[4] waiter grace in ms: when busy and > 0, keep the marker alive for PTTL + grace
+--
+-- Returns {1, fencing token, hold count} when acquired or re-entered,
+--         {0, remaining ttl of the hold in ms} when another owner holds the lock.
+local hold, fence, waiters = KEYS[1], KEYS[2], KEYS[3]
+local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+
+local current = redis.call('HGET', hold, 'o')
+if not current then
+  local token = redis.call('INCR', fence)
+  redis.call('DEL', hold)
+  redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
+  redis.call('PEXPIRE', hold, lease)
+  return {1, token, 1}
+end
+
+if current == owner then
+  local token = tonumber(redis.call('HGET', hold, 'f'))
+  if redis.call('HGET', hold, 'r') == op then
+    return {1, token, tonumber(redis.call('HGET', hold, 'c'))}
+  end
+  local count = redis.call('HINCRBY', hold, 'c', 1)
+  redis.call('HSET', hold, 'r', op)
+  if redis.call('PTTL', hold) < lease then
+    redis.call('PEXPIRE', hold, lease)
+  end
+  return {1, token, count}
+end
+
+local ttl = redis.call('PTTL', hold)
+if grace > 0 and ttl > 0 then
+  local want = ttl + grace
+  if redis.call('PTTL', waiters) < want then
+    redis.call('SET', waiters, '1', 'PX', want)
+  end
+end
+return {0, ttl}

@@ -1,0 +1,27 @@
+-- notify.lua: shared prelude, prepended by src/scripts.rs to every script that emits a
+-- release event. It is not a script of its own.
+--
+-- fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
+--   events_key  the shard's stream (mode "stream") or channel (modes "pubsub", "spubsub")
+--   seq_key     the shard's event counter; every event carries the next value so a reader
+--               can tell when it missed one (trimmed stream, dropped pub/sub message)
+--   mode        "stream" | "pubsub" | "spubsub"
+--   maxlen      approximate stream cap (XADD MAXLEN ~), ignored for pub/sub
+--   lock_id     "<kind>:<name>", the key of the readers' local waiter queue
+--   rule        wake rule for the readers: "one" | "name" | "chain" | "all"
+--   target      for rule "name": the id of the only waiter to wake; "" otherwise
+-- Returns nothing. Uses INCR, XADD MAXLEN ~, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
+local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
+  local seq = redis.call('INCR', seq_key)
+  if mode == 'stream' then
+    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
+      's', seq, 'l', lock_id, 'r', rule, 't', target)
+  else
+    local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
+    if mode == 'spubsub' then
+      redis.call('SPUBLISH', events_key, payload)
+    else
+      redis.call('PUBLISH', events_key, payload)
+    end
+  end
+end

@@ -1,0 +1,401 @@
+//! [`LockClient`]: connections, background tasks and lock handles.
+//!
+//! A client owns exactly:
+//!
+//! * the **command connection** (a fred `Client`; or the service's own, see
+//!   [`LockClient::from_client`]) for every script call;
+//! * the **notifier connection**, dedicated to the event reader (a blocking `XREAD` or a
+//!   subscription would stall anything multiplexed behind it);
+//! * three tasks: the event reader, the watchdog and the release worker.
+//!
+//! So a process uses two Redis connections however many tasks wait on however many locks.
+//! Every lock handle and guard keeps the client alive; when the last one is dropped the tasks
+//! stop by themselves. [`LockClient::shutdown`] does the same on demand and releases every
+//! hold first.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, KeysInterface};
+use fred::types::config::{
+    Config as FredConfig, ConnectionConfig, PerformanceConfig, ReconnectPolicy,
+};
+use fred::types::{SetOptions, Value};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::config::{Config, NotificationMode};
+use crate::error::{Error, Result};
+use crate::keys::{Keyspace, LockKeys};
+use crate::lease::{run_release_worker, run_watchdog, HoldRegistry, LostCause, ReleaseJob};
+use crate::lock::mutex::Mutex;
+use crate::notify::{pubsub, stream, WaiterTable};
+use crate::scripts::Script;
+
+/// State shared by handles, guards and background tasks.
+pub(crate) struct Core {
+    pub(crate) redis: Client,
+    pub(crate) config: Config,
+    pub(crate) keyspace: Keyspace,
+    pub(crate) holds: HoldRegistry,
+    pub(crate) waiters: Arc<WaiterTable>,
+    closed: AtomicBool,
+}
+
+impl Core {
+    /// Runs a script on the command connection, mapping errors to [`Error`].
+    pub(crate) async fn run(
+        &self,
+        script: &Script,
+        lock: &str,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value> {
+        let first_key = keys.first().cloned().unwrap_or_default();
+        script
+            .run(&self.redis, keys, args)
+            .await
+            .map_err(|err| Error::from_redis(err, lock, &first_key))
+    }
+
+    /// The ARGV tail every event-emitting script takes: mode, stream cap, lock id.
+    pub(crate) fn event_args(&self, keys: &LockKeys) -> Vec<Value> {
+        vec![
+            self.config.notification.as_str().into(),
+            (self.config.stream_max_len as i64).into(),
+            keys.id().as_ref().into(),
+        ]
+    }
+
+    /// How long a released hold remembers its last op id (answers retried releases).
+    pub(crate) fn tombstone_ttl(&self) -> Duration {
+        (self.config.command_timeout * 3).max(Duration::from_secs(10))
+    }
+}
+
+/// A connection to Redis for distributed locks: the factory of lock handles.
+///
+/// Cheap to clone (all clones share connections and tasks). See the [crate docs](crate) for
+/// an overview.
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    core: Arc<Core>,
+    notifier: Client,
+    owns_command_connection: bool,
+    release_tx: mpsc::UnboundedSender<ReleaseJob>,
+    shutdown_tx: watch::Sender<bool>,
+    tasks: StdMutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // The last handle is gone: stop the tasks (they never block on us) and hang up.
+        self.shutdown_tx.send_replace(true);
+        let notifier = self.notifier.clone();
+        let command = self.owns_command_connection.then(|| self.core.redis.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = notifier.quit().await;
+                if let Some(command) = command {
+                    let _ = command.quit().await;
+                }
+            });
+        }
+    }
+}
+
+/// Builds fred's configuration from ours.
+fn fred_parts(
+    config: &Config,
+    broadcast_capacity: usize,
+) -> (PerformanceConfig, ConnectionConfig, ReconnectPolicy) {
+    let perf = PerformanceConfig {
+        default_command_timeout: config.command_timeout,
+        broadcast_channel_capacity: broadcast_capacity,
+        ..PerformanceConfig::default()
+    };
+    let connection = ConnectionConfig {
+        connection_timeout: config.connect_timeout,
+        internal_command_timeout: config.command_timeout,
+        max_command_attempts: 3,
+        ..ConnectionConfig::default()
+    };
+    let max_delay = config.reconnect_max_delay.as_millis().min(u128::from(u32::MAX)) as u32;
+    let policy = ReconnectPolicy::new_exponential(0, 20.min(max_delay), max_delay, 2);
+    (perf, connection, policy)
+}
+
+/// Connects a fred client within the configured timeout.
+async fn init_client(client: &Client, config: &Config) -> Result<()> {
+    let connecting = client.init();
+    match tokio::time::timeout(config.connect_timeout, connecting).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(err)) => {
+            let _ = client.quit().await;
+            Err(match err.kind() {
+                fred::error::ErrorKind::Auth => Error::Auth(err),
+                _ => Error::Connect(err),
+            })
+        }
+        Err(_) => {
+            let quitting = client.clone();
+            tokio::spawn(async move {
+                let _ = quitting.quit().await;
+            });
+            Err(Error::Connect(fred::error::Error::new(
+                fred::error::ErrorKind::Timeout,
+                format!(
+                    "no connection to {} within {:?}",
+                    config.redacted_url(),
+                    config.connect_timeout
+                ),
+            )))
+        }
+    }
+}
+
+impl LockClient {
+    /// Connects to `config.url` and starts the notifier, watchdog and release worker.
+    ///
+    /// Fails with a typed error within `config.connect_timeout` when Redis is unreachable
+    /// ([`Error::Connect`]), refuses the credentials ([`Error::Auth`]), or already hosts a
+    /// different layout under the same prefix ([`Error::LayoutMismatch`]).
+    pub async fn connect(config: Config) -> Result<LockClient> {
+        config.validate()?;
+        let fred_config = FredConfig::from_url(&config.url)
+            .map_err(|err| Error::InvalidConfig(format!("bad url {}: {err}", config.redacted_url())))?;
+        let (perf, connection, policy) = fred_parts(&config, 32);
+        let command = Client::new(fred_config, Some(perf), Some(connection), Some(policy));
+        init_client(&command, &config).await?;
+        Self::start(command, true, config).await
+    }
+
+    /// Uses a fred client the service already has for commands (it must be connected). The
+    /// notifier still opens its own connection with the same settings, because a blocking read
+    /// must not stall the service's commands. `config.url` is ignored. Shutdown leaves the
+    /// given client connected.
+    pub async fn from_client(client: Client, config: Config) -> Result<LockClient> {
+        config.validate()?;
+        Self::start(client, false, config).await
+    }
+
+    async fn start(command: Client, owns_command: bool, config: Config) -> Result<LockClient> {
+        let keyspace = Keyspace::new(&config.key_prefix, config.shards);
+        if let Err(err) = check_layout(&command, &keyspace, &config).await {
+            if owns_command {
+                let _ = command.quit().await;
+            }
+            return Err(err);
+        }
+
+        let (perf, connection, policy) = fred_parts(&config, 4096);
+        let notifier = Client::new(command.client_config(), Some(perf), Some(connection), Some(policy));
+        if let Err(err) = init_client(&notifier, &config).await {
+            if owns_command {
+                let _ = command.quit().await;
+            }
+            return Err(err);
+        }
+
+        let waiters = WaiterTable::new();
+        let core = Arc::new(Core {
+            redis: command,
+            config: config.clone(),
+            keyspace: keyspace.clone(),
+            holds: HoldRegistry::default(),
+            waiters: waiters.clone(),
+            closed: AtomicBool::new(false),
+        });
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let reader = crate::notify::Reader {
+            client: notifier.clone(),
+            keyspace,
+            waiters,
+            config: config.clone(),
+            shutdown: shutdown_rx.clone(),
+        };
+        let reader_task = match config.notification {
+            NotificationMode::Stream => stream::start(reader).await,
+            NotificationMode::PubSub => pubsub::start(reader).await,
+        };
+        let reader_task = match reader_task {
+            Ok(task) => task,
+            Err(err) => {
+                let _ = notifier.quit().await;
+                if owns_command {
+                    let _ = core.redis.quit().await;
+                }
+                return Err(err);
+            }
+        };
+        let (release_tx, release_rx) = mpsc::unbounded_channel();
+        let tasks = vec![
+            reader_task,
+            tokio::spawn(run_watchdog(core.clone(), shutdown_rx.clone())),
+            tokio::spawn(run_release_worker(release_rx, shutdown_rx)),
+        ];
+        tracing::info!(
+            url = %config.redacted_url(),
+            mode = config.notification.as_str(),
+            shards = config.shards,
+            "lock client started"
+        );
+        Ok(LockClient {
+            inner: Arc::new(ClientInner {
+                core,
+                notifier,
+                owns_command_connection: owns_command,
+                release_tx,
+                shutdown_tx,
+                tasks: StdMutex::new(tasks),
+            }),
+        })
+    }
+
+    /// An exclusive reentrant lock handle. Validates the name (non-empty, at most
+    /// [`crate::MAX_NAME_LEN`] bytes); no Redis call.
+    pub fn mutex(&self, name: &str) -> Result<Mutex> {
+        Mutex::new(self.clone(), name)
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &Config {
+        &self.inner.core.config
+    }
+
+    /// The fred client used for commands.
+    pub fn redis(&self) -> &Client {
+        &self.inner.core.redis
+    }
+
+    /// Counters for monitoring and tests.
+    pub fn stats(&self) -> ClientStats {
+        let core = &self.inner.core;
+        ClientStats {
+            held: core.holds.len(),
+            waiting: core.waiters.waiters(),
+            waiting_locks: core.waiters.queues(),
+            wakeups: core.waiters.wakeups(),
+        }
+    }
+
+    /// Releases every hold, stops the tasks and closes the connections this client opened.
+    /// Pending and later acquisitions fail with [`Error::Shutdown`]; guards still alive report
+    /// [`LostCause::Shutdown`]. Idempotent.
+    pub async fn shutdown(&self) -> Result<()> {
+        let inner = &self.inner;
+        if inner.core.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        tracing::info!("lock client shutting down");
+        let mut first_error = None;
+        for hold in inner.core.holds.drain() {
+            let released = hold
+                .driver
+                .release(&hold.owner, hold.token, &crate::owner::op_id(), true)
+                .await;
+            hold.mark_lost(LostCause::Shutdown);
+            if let Err(err) = released {
+                first_error.get_or_insert(err);
+            }
+        }
+        inner.shutdown_tx.send_replace(true);
+        inner.core.waiters.wake_all("shutdown");
+        let tasks = std::mem::take(&mut *inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = tokio::time::timeout(inner.core.config.command_timeout, task).await;
+        }
+        let _ = inner.notifier.quit().await;
+        if inner.owns_command_connection {
+            let _ = inner.core.redis.quit().await;
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.inner.core
+    }
+
+    pub(crate) fn keyspace(&self) -> &Keyspace {
+        &self.inner.core.keyspace
+    }
+
+    pub(crate) fn holds(&self) -> &HoldRegistry {
+        &self.inner.core.holds
+    }
+
+    pub(crate) fn waiters(&self) -> &Arc<WaiterTable> {
+        &self.inner.core.waiters
+    }
+
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.inner.core.closed.load(Ordering::Acquire) {
+            Err(Error::Shutdown)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown_tx.subscribe()
+    }
+
+    pub(crate) fn release_later(&self, job: ReleaseJob) {
+        if self.inner.release_tx.send(job).is_err() {
+            tracing::debug!("release worker gone; the lease will expire");
+        }
+    }
+}
+
+impl fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockClient")
+            .field("config", &self.inner.core.config)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// A snapshot of a client's local state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientStats {
+    /// Holds this client keeps (each possibly re-entered several times).
+    pub held: usize,
+    /// Acquisitions waiting in this process.
+    pub waiting: usize,
+    /// Locks with at least one local waiter.
+    pub waiting_locks: usize,
+    /// Wakeups delivered to local waiters since start.
+    pub wakeups: u64,
+}
+
+/// Records this client's layout under the prefix, or checks that it matches the recorded one.
+async fn check_layout(redis: &Client, keyspace: &Keyspace, config: &Config) -> Result<()> {
+    let key = keyspace.layout();
+    let ours = format!(
+        "v1 shards={} notification={}",
+        keyspace.shards(),
+        config.notification.as_str()
+    );
+    let map = |err| Error::from_redis(err, "(layout)", &key);
+    let _: Value = redis
+        .set(key.as_str(), ours.as_str(), None, Some(SetOptions::NX), false)
+        .await
+        .map_err(map)?;
+    let server: Option<String> = redis.get(key.as_str()).await.map_err(map)?;
+    match server {
+        Some(server) if server != ours => Err(Error::LayoutMismatch {
+            prefix: config.key_prefix.clone(),
+            server,
+            ours,
+        }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,279 @@
+//! Client configuration: serde-deserializable, with defaults and validation.
+//!
+//! Every client that shares a [`Config::key_prefix`] must agree on [`Config::shards`] and
+//! [`Config::notification`]: they decide where keys and events live. The client records them in
+//! Redis on connect and refuses to start with a different layout ([`crate::Error::LayoutMismatch`]).
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How waiters learn that a lock was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum NotificationMode {
+    /// Release events go to one Redis Stream per shard; one reader connection per process reads
+    /// them with `XREAD BLOCK`, always resuming from the last entry it saw. Nothing is lost across
+    /// reconnects while the stream still holds the entries (see [`Config::stream_max_len`]).
+    #[default]
+    Stream,
+    /// Release events are published on one channel per shard (Redisson's model). Messages sent
+    /// while the subscriber reconnects are lost, so every waiter re-checks after a resubscribe.
+    #[serde(alias = "pub_sub", alias = "pub-sub")]
+    PubSub,
+}
+
+impl NotificationMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            NotificationMode::Stream => "stream",
+            NotificationMode::PubSub => "pubsub",
+        }
+    }
+}
+
+/// Configuration of a [`crate::LockClient`].
+///
+/// Durations deserialize from human-readable strings such as `"30s"` or `"250ms"`.
+///
+/// ```
+/// let config: fredlock::Config = serde_json::from_str(
+///     r#"{ "url": "redis://127.0.0.1:6379", "notification": "pubsub", "watchdog_lease": "10s" }"#,
+/// ).unwrap();
+/// assert_eq!(config.watchdog_lease, std::time::Duration::from_secs(10));
+/// config.validate().unwrap();
+/// ```
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Redis URL as understood by fred (`redis://`, `rediss://`, `redis-cluster://`,
+    /// `redis-sentinel://`). Ignored by [`crate::LockClient::from_client`].
+    pub url: String,
+    /// Prefix of every key, stream and channel the crate uses. Letters, digits and `_-.:/` only.
+    pub key_prefix: String,
+    /// How waiters are woken.
+    pub notification: NotificationMode,
+    /// Number of lock shards. Each shard has its own hash tag, event stream or channel and event
+    /// counter; a lock lives in the shard its name hashes to. More shards spread locks over more
+    /// cluster slots. 1 to 1024.
+    pub shards: u16,
+    /// Lease of watchdog-renewed holds; renewal runs every lease / 3.
+    #[serde(with = "humantime_serde")]
+    pub watchdog_lease: Duration,
+    /// Approximate cap on each shard's event stream (`XADD MAXLEN ~`). A reader that falls
+    /// further behind detects the gap and makes every local waiter re-check.
+    pub stream_max_len: u64,
+    /// Limit on establishing the connections in [`crate::LockClient::connect`].
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Limit on every Redis command the crate sends.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// How long the "someone may be waiting" marker outlives the lease a waiter saw. Releases
+    /// emit events only while the marker exists.
+    #[serde(with = "humantime_serde")]
+    pub waiter_grace: Duration,
+    /// Longest pause between reconnection attempts.
+    #[serde(with = "humantime_serde")]
+    pub reconnect_max_delay: Duration,
+    /// How long one `XREAD BLOCK` of the stream reader waits before it re-issues the read. It is
+    /// a liveness check of the reader connection, not a poll of lock state.
+    #[serde(with = "humantime_serde")]
+    pub notifier_block: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            key_prefix: "fredlock".to_owned(),
+            notification: NotificationMode::Stream,
+            shards: 16,
+            watchdog_lease: Duration::from_secs(30),
+            stream_max_len: 10_000,
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(5),
+            waiter_grace: Duration::from_secs(2),
+            reconnect_max_delay: Duration::from_secs(2),
+            notifier_block: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Smallest lease the crate accepts: shorter leases cannot survive one round trip and a renewal.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
+/// Largest lease or timeout the crate accepts (about 30 days), far below Redis' limits.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+impl Config {
+    /// A default configuration for the given URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        Config {
+            url: url.into(),
+            ..Config::default()
+        }
+    }
+
+    /// Checks every field; [`crate::LockClient::connect`] calls it before touching the network.
+    pub fn validate(&self) -> Result<()> {
+        let prefix_ok = !self.key_prefix.is_empty()
+            && self.key_prefix.len() <= 64
+            && self
+                .key_prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:/".contains(&b));
+        if !prefix_ok {
+            return Err(Error::InvalidConfig(format!(
+                "key_prefix {:?} must be 1-64 characters of [A-Za-z0-9_-.:/]",
+                self.key_prefix
+            )));
+        }
+        if !(1..=1024).contains(&self.shards) {
+            return Err(Error::InvalidConfig(format!(
+                "shards must be 1..=1024, got {}",
+                self.shards
+            )));
+        }
+        if self.stream_max_len < 16 {
+            return Err(Error::InvalidConfig(format!(
+                "stream_max_len must be at least 16, got {}",
+                self.stream_max_len
+            )));
+        }
+        check_lease("watchdog_lease", self.watchdog_lease)?;
+        for (what, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("command_timeout", self.command_timeout),
+            ("waiter_grace", self.waiter_grace),
+            ("reconnect_max_delay", self.reconnect_max_delay),
+            ("notifier_block", self.notifier_block),
+        ] {
+            check_duration(what, value, Duration::from_millis(1))?;
+        }
+        Ok(())
+    }
+
+    /// The URL with any password replaced by `***`, safe to log.
+    pub fn redacted_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("url", &self.redacted_url())
+            .field("key_prefix", &self.key_prefix)
+            .field("notification", &self.notification)
+            .field("shards", &self.shards)
+            .field("watchdog_lease", &self.watchdog_lease)
+            .field("stream_max_len", &self.stream_max_len)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .field("waiter_grace", &self.waiter_grace)
+            .field("reconnect_max_delay", &self.reconnect_max_delay)
+            .field("notifier_block", &self.notifier_block)
+            .finish()
+    }
+}
+
+/// Validates a lease: at least [`MIN_LEASE`], at most [`MAX_DURATION`].
+pub(crate) fn check_lease(what: &'static str, value: Duration) -> Result<()> {
+    check_duration(what, value, MIN_LEASE)
+}
+
+/// Validates a duration against `min..=MAX_DURATION`.
+pub(crate) fn check_duration(what: &'static str, value: Duration, min: Duration) -> Result<()> {
+    if value.is_zero() {
+        return Err(Error::InvalidDuration {
+            what,
+            value,
+            reason: "must not be zero",
+        });
+    }
+    if value < min {
+        return Err(Error::InvalidDuration {
+            what,
+            value,
+            reason: "below the minimum",
+        });
+    }
+    if value > MAX_DURATION {
+        return Err(Error::InvalidDuration {
+            what,
+            value,
+            reason: "above the maximum of 30 days",
+        });
+    }
+    Ok(())
+}
+
+/// Replaces the password part of `scheme://user:password@host` with `***`.
+fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let Some(at) = rest.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    format!("{}://{}:***@{}", &url[..scheme_end], user, &rest[at + 1..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_nonsense() {
+        let bad = [
+            Config {
+                key_prefix: "".into(),
+                ..Config::default()
+            },
+            Config {
+                key_prefix: "a{b}".into(),
+                ..Config::default()
+            },
+            Config {
+                shards: 0,
+                ..Config::default()
+            },
+            Config {
+                watchdog_lease: Duration::ZERO,
+                ..Config::default()
+            },
+            Config {
+                watchdog_lease: Duration::from_millis(1),
+                ..Config::default()
+            },
+            Config {
+                command_timeout: Duration::from_secs(365 * 24 * 3600),
+                ..Config::default()
+            },
+        ];
+        for config in bad {
+            assert!(config.validate().is_err(), "{config:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let config = Config::new("redis://user:s3cret@localhost:6379/0");
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("user:***@localhost"), "{shown}");
+        let bare = Config::new("redis://:s3cret@localhost");
+        assert!(!format!("{bare:?}").contains("s3cret"));
+    }
+}

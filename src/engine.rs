@@ -1,0 +1,280 @@
+//! The acquire-and-wait engine under every lock type.
+//!
+//! A lock type is a small [`Driver`]: it knows its keys and scripts and answers "did I get the
+//! lock, and if not, for how long may the holder keep it". Everything else lives here, once:
+//!
+//! ```text
+//!   register local waiter ──► try (script) ──► acquired? ──yes──► adopt hold, return guard
+//!          ▲                                      │ no
+//!          └──── woken by an event, or the ◄──────┘ wait(min(event, holder's ttl, deadline))
+//!                holder's ttl ran out
+//! ```
+//!
+//! ## Cancellation
+//!
+//! Dropping the future returned by [`acquire`] at any point leaves nothing behind: the local
+//! waiter entry is removed (a wakeup it had received is passed on), a script call already in
+//! flight is finished by a background task that releases the lock if the call acquired it, and
+//! a driver that queues waiters in Redis (fair lock) is told to leave the queue.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+use tokio::time::Instant;
+
+use crate::client::LockClient;
+use crate::error::{Error, NotHeldReason, Result};
+use crate::keys::LockKeys;
+use crate::lease::Lease;
+use crate::lock::guard::LockGuard;
+use crate::notify::WaitKind;
+use crate::owner::{op_id, Owner};
+use crate::scripts::Script;
+
+/// A boxed, sendable future (drivers are used as trait objects).
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The answer of one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Acquired (or re-entered) with this fencing token.
+    Acquired { token: u64 },
+    /// Someone else holds the lock for at most `ttl` more (None: unknown).
+    Busy { ttl: Option<Duration> },
+}
+
+/// The answer of one release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// Released; `remaining` holds of the owner are left (0: the hold is gone).
+    Yes { remaining: u64 },
+    /// The hold was not there.
+    NotHeld(NotHeldReason),
+}
+
+/// What one lock type contributes to the engine, the watchdog and the release worker.
+pub(crate) trait Driver: Send + Sync + 'static {
+    /// The lock's keys.
+    fn keys(&self) -> &LockKeys;
+    /// The client the lock belongs to.
+    fn client(&self) -> &LockClient;
+    /// Exclusive or shared, for the local wake rules.
+    fn wait_kind(&self) -> WaitKind;
+    /// Distinguishes different kinds of hold on the same lock by the same owner (read/write).
+    fn hold_role(&self) -> &'static str {
+        ""
+    }
+    /// One acquire attempt. `waiting` tells the script that the caller will wait on failure
+    /// (so it should leave a waiter marker / queue entry).
+    fn try_acquire(
+        self: Arc<Self>,
+        owner: Owner,
+        op: String,
+        lease: Duration,
+        waiting: bool,
+    ) -> BoxFuture<'static, Result<Attempt>>;
+    /// Releases one hold (or, with `all`, every re-entered hold) of `owner` with `token`.
+    fn release<'a>(
+        &'a self,
+        owner: &'a Owner,
+        token: u64,
+        op: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released>>;
+    /// The script that renews holds of this kind (see `lua/hold_renew.lua` for its contract).
+    fn renew_script(&self) -> &'static Script;
+    /// The key passed to the renew script for this lock.
+    fn renew_key(&self) -> String;
+    /// Leaves any Redis-side wait queue after a timeout or cancellation. Default: nothing.
+    fn abandon(self: Arc<Self>, _owner: Owner) -> Option<BoxFuture<'static, Result<()>>> {
+        None
+    }
+}
+
+/// How long an acquisition may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patience {
+    /// One attempt, no waiting (`try_lock`).
+    None,
+    /// Wait until this instant (`lock_timeout`).
+    Until(Instant),
+    /// Wait as long as it takes (`lock`).
+    Forever,
+}
+
+/// Acquires through `driver`: `Ok(None)` when the patience ran out.
+pub(crate) async fn acquire<D: Driver>(
+    driver: Arc<D>,
+    owner: Owner,
+    lease: Lease,
+    patience: Patience,
+) -> Result<Option<LockGuard>> {
+    let keys = driver.keys();
+    let span = tracing::debug_span!("acquire", lock = keys.name(), kind = keys.kind());
+    acquire_loop(driver, owner, lease, patience)
+        .instrument(span)
+        .await
+}
+
+async fn acquire_loop<D: Driver>(
+    driver: Arc<D>,
+    owner: Owner,
+    lease: Lease,
+    patience: Patience,
+) -> Result<Option<LockGuard>> {
+    let client = driver.client().clone();
+    client.check_open()?;
+    let keys = driver.keys().clone();
+
+    let waiting = patience != Patience::None;
+    let registration = waiting.then(|| {
+        client
+            .waiters()
+            .register(keys.id(), driver.wait_kind(), None)
+    });
+    let mut queued = QueuedInRedis::new(driver.clone(), owner.clone(), waiting);
+    let requested = lease.initial();
+    let fallback_wait = client.config().watchdog_lease;
+    let mut shutdown = client.shutdown_signal();
+
+    loop {
+        let sent_at = Instant::now();
+        let attempt = InFlight::start(driver.clone(), owner.clone(), requested, waiting)
+            .finish()
+            .await?;
+        let ttl = match attempt {
+            Attempt::Acquired { token } => {
+                queued.disarm();
+                let hold = client.holds().adopt(driver.clone(), &owner, token, lease, sent_at);
+                tracing::debug!(token, "acquired");
+                return Ok(Some(LockGuard::new(hold, client)));
+            }
+            Attempt::Busy { ttl } => ttl.unwrap_or(fallback_wait),
+        };
+        let limit = match patience {
+            Patience::None => return Ok(None),
+            Patience::Forever => ttl,
+            Patience::Until(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    tracing::debug!("gave up waiting");
+                    queued.leave().await;
+                    return Ok(None);
+                }
+                ttl.min(left)
+            }
+        };
+        let Some(registration) = registration.as_ref() else {
+            return Ok(None);
+        };
+        tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
+        tokio::select! {
+            woken = registration.wait(limit) => {
+                tracing::trace!(woken, "re-checking");
+            }
+            _ = shutdown.changed() => return Err(Error::Shutdown),
+        }
+        client.check_open()?;
+    }
+}
+
+/// An acquire script call that is finished even if the caller goes away.
+struct InFlight {
+    task: Option<JoinHandle<Result<Attempt>>>,
+    undo: Option<Box<dyn FnOnce(u64) -> BoxFuture<'static, ()> + Send>>,
+}
+
+impl InFlight {
+    fn start<D: Driver>(driver: Arc<D>, owner: Owner, lease: Duration, waiting: bool) -> InFlight {
+        let task = tokio::spawn(driver.clone().try_acquire(owner.clone(), op_id(), lease, waiting));
+        let undo = move |token: u64| -> BoxFuture<'static, ()> {
+            Box::pin(async move {
+                let outcome = driver.release(&owner, token, &op_id(), false).await;
+                tracing::debug!(lock = driver.keys().name(), ?outcome, "released a hold acquired by a cancelled call");
+            })
+        };
+        InFlight {
+            task: Some(task),
+            undo: Some(Box::new(undo)),
+        }
+    }
+
+    async fn finish(mut self) -> Result<Attempt> {
+        let task = self.task.as_mut().expect("InFlight polled after completion");
+        let result = task.await;
+        self.task = None;
+        match result {
+            Ok(attempt) => attempt,
+            Err(join_error) => Err(Error::Protocol {
+                script: "acquire",
+                detail: format!("acquire task failed: {join_error}"),
+            }),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let (Some(task), Some(undo)) = (self.task.take(), self.undo.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the lease (never renewed) expires on its own
+        };
+        runtime.spawn(async move {
+            if let Ok(Ok(Attempt::Acquired { token })) = task.await {
+                undo(token).await;
+            }
+        });
+    }
+}
+
+/// Makes a driver leave its Redis-side wait queue when the acquisition ends without the lock.
+struct QueuedInRedis<D: Driver> {
+    driver: Arc<D>,
+    owner: Owner,
+    armed: bool,
+}
+
+impl<D: Driver> QueuedInRedis<D> {
+    fn new(driver: Arc<D>, owner: Owner, armed: bool) -> Self {
+        QueuedInRedis {
+            driver,
+            owner,
+            armed,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    async fn leave(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            if let Some(leave) = self.driver.clone().abandon(self.owner.clone()) {
+                if let Err(error) = leave.await {
+                    tracing::warn!(lock = self.driver.keys().name(), %error, "could not leave the wait queue");
+                }
+            }
+        }
+    }
+}
+
+impl<D: Driver> Drop for QueuedInRedis<D> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(leave) = self.driver.clone().abandon(self.owner.clone()) {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = leave.await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! One error type for the whole crate.
+//!
+//! Every failure a caller can act on has its own variant; Redis and connection failures keep the
+//! underlying [`fred::error::Error`] as their source. Input is validated before any Redis call,
+//! so a bad name, duration or configuration never reaches the server.
+
+use std::time::Duration;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a release found the lock not held by the caller's hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotHeldReason {
+    /// Nobody holds the lock: the lease expired (or the lock was force-unlocked) before the release.
+    Expired,
+    /// Another owner, or a newer hold of the same owner, holds the lock now. It was left untouched.
+    HeldByOther,
+}
+
+/// Everything that can go wrong in `fredlock`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A lock name is empty or longer than [`crate::MAX_NAME_LEN`] bytes.
+    #[error("invalid lock name: {0}")]
+    InvalidName(String),
+    /// A duration is zero, negative in spirit, or beyond the supported range.
+    #[error("invalid duration for {what}: {value:?} ({reason})")]
+    InvalidDuration {
+        /// Which parameter was rejected.
+        what: &'static str,
+        /// The rejected value.
+        value: Duration,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// The configuration is inconsistent or out of range.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// Another client already uses the same key prefix with a different layout (shard count or
+    /// notification mode). Mixing layouts would silently break mutual exclusion, so it is refused.
+    #[error("layout mismatch under prefix {prefix:?}: server has {server:?}, this client wants {ours:?}")]
+    LayoutMismatch {
+        /// The key prefix both clients use.
+        prefix: String,
+        /// The layout recorded in Redis by the first client.
+        server: String,
+        /// The layout this client was configured with.
+        ours: String,
+    },
+    /// Connecting to Redis failed or did not finish within the configured connect timeout.
+    #[error("cannot connect to Redis: {0}")]
+    Connect(#[source] fred::error::Error),
+    /// Redis did not answer within the configured command timeout.
+    #[error("Redis did not answer in time: {0}")]
+    Timeout(#[source] fred::error::Error),
+    /// Authentication was refused (wrong password or ACL user).
+    #[error("Redis refused authentication: {0}")]
+    Auth(#[source] fred::error::Error),
+    /// A key the lock uses holds a value of another type (`WRONGTYPE`): something else wrote it.
+    #[error("key {key:?} of lock {lock:?} holds a value of the wrong type")]
+    WrongType {
+        /// The lock whose key is damaged.
+        lock: String,
+        /// The first key of the script that failed.
+        key: String,
+    },
+    /// Redis is out of memory (`maxmemory` reached); the script changed nothing.
+    #[error("Redis is out of memory (maxmemory reached); nothing was changed")]
+    OutOfMemory(#[source] fred::error::Error),
+    /// Any other Redis or connection failure.
+    #[error("Redis error: {0}")]
+    Redis(#[source] fred::error::Error),
+    /// A script answered in a shape this version of the crate does not expect.
+    #[error("unexpected reply from script {script}: {detail}")]
+    Protocol {
+        /// The script that answered.
+        script: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A release or extension found the lock not held by this guard's hold.
+    #[error("lock {lock:?} is not held by this guard ({reason:?})")]
+    NotHeld {
+        /// The lock name.
+        lock: String,
+        /// Why.
+        reason: NotHeldReason,
+    },
+    /// A read-write lock owner asked for a write hold while holding a read hold (no upgrade).
+    #[error("lock {0:?}: upgrading a read hold to a write hold is not supported")]
+    UpgradeNotSupported(String),
+    /// The client was shut down.
+    #[error("the lock client has been shut down")]
+    Shutdown,
+}
+
+impl Error {
+    /// Classifies a fred error; `lock` and `key` name the lock and key for `WRONGTYPE`.
+    pub(crate) fn from_redis(err: fred::error::Error, lock: &str, key: &str) -> Error {
+        use fred::error::ErrorKind;
+        let details = err.details();
+        if details.contains("WRONGTYPE") {
+            return Error::WrongType {
+                lock: lock.to_owned(),
+                key: key.to_owned(),
+            };
+        }
+        if details.contains("OOM ") || details.starts_with("OOM") {
+            return Error::OutOfMemory(err);
+        }
+        match err.kind() {
+            ErrorKind::Timeout => Error::Timeout(err),
+            ErrorKind::Auth => Error::Auth(err),
+            _ => Error::Redis(err),
+        }
+    }
+
+    /// True when retrying later may succeed (connection trouble, timeouts, OOM).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout(_) | Error::Redis(_) | Error::Connect(_) | Error::OutOfMemory(_)
+        )
+    }
+}

@@ -1,0 +1,203 @@
+//! The only place that builds key, stream and channel names.
+//!
+//! A lock named `N` of kind `K` lives in shard `s = fnv1a(N) % shards`. Every key of the lock,
+//! and the shard's event stream (or channel) and event counter, start with the same hash tag
+//! `{<prefix>:<s>}`, so every script touches a single cluster slot and can write the event in
+//! the same atomic step as the state change:
+//!
+//! ```text
+//! {fredlock:7}:mutex:orders          hold hash      {o, c, f, r}
+//! {fredlock:7}:mutex.fence:orders    fencing counter (never expires)
+//! {fredlock:7}:mutex.wait:orders     "someone may be waiting" marker (expires with the waiters)
+//! {fredlock:7}:events                the shard's event stream / channel
+//! {fredlock:7}:seq                   the shard's event counter (gap detection)
+//! ```
+//!
+//! The role (`mutex`, `mutex.fence`, ...) always stands before the name, so no lock name can
+//! produce another lock's key, and braces inside a name are harmless: Redis takes the hash tag
+//! from the first `{...}`, which is always ours.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+
+/// Longest lock name accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// Key naming for one key prefix and shard count.
+#[derive(Debug, Clone)]
+pub(crate) struct Keyspace {
+    prefix: Arc<str>,
+    shards: u16,
+}
+
+impl Keyspace {
+    pub(crate) fn new(prefix: &str, shards: u16) -> Self {
+        Keyspace {
+            prefix: prefix.into(),
+            shards: shards.max(1),
+        }
+    }
+
+    pub(crate) fn shards(&self) -> u16 {
+        self.shards
+    }
+
+    /// The hash tag of shard `shard`, braces included.
+    pub(crate) fn tag(&self, shard: u16) -> String {
+        format!("{{{}:{}}}", self.prefix, shard)
+    }
+
+    /// The shard a lock name belongs to (stable across processes, versions and platforms).
+    pub(crate) fn shard_of(&self, name: &str) -> u16 {
+        (fnv1a(name.as_bytes()) % u32::from(self.shards)) as u16
+    }
+
+    /// The event stream (or channel) of a shard.
+    pub(crate) fn events(&self, shard: u16) -> String {
+        format!("{}:events", self.tag(shard))
+    }
+
+    /// The event counter of a shard.
+    pub(crate) fn seq(&self, shard: u16) -> String {
+        format!("{}:seq", self.tag(shard))
+    }
+
+    /// Where the layout (shards, notification mode) of this prefix is recorded.
+    pub(crate) fn layout(&self) -> String {
+        format!("{{{}:layout}}", self.prefix)
+    }
+
+    /// The keys of one lock. Validates the name.
+    pub(crate) fn lock(&self, kind: &'static str, name: &str) -> Result<LockKeys> {
+        validate_name(name)?;
+        let shard = self.shard_of(name);
+        let tag = self.tag(shard);
+        Ok(LockKeys {
+            name: name.into(),
+            kind,
+            id: format!("{kind}:{name}").into(),
+            shard,
+            base: format!("{tag}:{kind}").into(),
+            events: self.events(shard).into(),
+            seq: self.seq(shard).into(),
+        })
+    }
+}
+
+/// Checks a lock name: non-empty and at most [`MAX_NAME_LEN`] bytes. Any other content (braces,
+/// colons, newlines, NUL) is allowed.
+pub(crate) fn validate_name(name: &str) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidName("the name is empty".into()));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidName(format!(
+            "the name is {} bytes long, the limit is {MAX_NAME_LEN}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Names of everything one lock uses.
+#[derive(Debug, Clone)]
+pub(crate) struct LockKeys {
+    name: Arc<str>,
+    kind: &'static str,
+    id: Arc<str>,
+    shard: u16,
+    base: Arc<str>,
+    events: Arc<str>,
+    seq: Arc<str>,
+}
+
+impl LockKeys {
+    /// The user's lock name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `"<kind>:<name>"`: identifies the lock in events and in the local waiter table.
+    pub(crate) fn id(&self) -> &Arc<str> {
+        &self.id
+    }
+
+    pub(crate) fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    pub(crate) fn shard(&self) -> u16 {
+        self.shard
+    }
+
+    /// A key of this lock with the given role; `""` is the main (hold) key.
+    pub(crate) fn key(&self, role: &str) -> String {
+        if role.is_empty() {
+            format!("{}:{}", self.base, self.name)
+        } else {
+            format!("{}.{}:{}", self.base, role, self.name)
+        }
+    }
+
+    pub(crate) fn events(&self) -> &str {
+        &self.events
+    }
+
+    pub(crate) fn seq(&self) -> &str {
+        &self.seq
+    }
+}
+
+/// 32-bit FNV-1a: tiny, stable and well distributed for short keys.
+fn fnv1a(bytes: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for &b in bytes {
+        hash ^= u32::from(b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag_and_roles_never_collide() {
+        let ks = Keyspace::new("fl", 16);
+        let a = ks.lock("mutex", "a:w{x}").unwrap();
+        let tag = ks.tag(a.shard());
+        for key in [a.key(""), a.key("fence"), a.key("wait")] {
+            assert!(key.starts_with(&tag), "{key}");
+        }
+        assert!(a.events().starts_with(&tag));
+        // A name that looks like a role suffix cannot alias another lock's key.
+        let b = ks.lock("mutex", "a").unwrap();
+        assert_ne!(a.key(""), b.key("wait"));
+        assert_ne!(b.key("wait"), ks.lock("mutex", "wait:a").unwrap().key(""));
+    }
+
+    #[test]
+    fn shard_is_stable() {
+        let ks = Keyspace::new("fl", 16);
+        // Published FNV-1a 32 test vectors: the shard of a name must never change.
+        assert_eq!(fnv1a(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a(b"foobar"), 0xbf9c_f968);
+        assert_eq!(ks.shard_of("orders"), ks.shard_of("orders"));
+        let spread: std::collections::HashSet<u16> =
+            (0..200).map(|i| ks.shard_of(&format!("lock-{i}"))).collect();
+        assert_eq!(spread.len(), 16, "200 names should cover all 16 shards");
+    }
+
+    #[test]
+    fn names_are_validated() {
+        let ks = Keyspace::new("fl", 4);
+        assert!(matches!(ks.lock("mutex", ""), Err(Error::InvalidName(_))));
+        let long = "x".repeat(MAX_NAME_LEN + 1);
+        assert!(matches!(ks.lock("mutex", &long), Err(Error::InvalidName(_))));
+        assert!(ks.lock("mutex", &"x".repeat(MAX_NAME_LEN)).is_ok());
+        assert!(ks.lock("mutex", "nul\0and\nnewline{}").is_ok());
+    }
+}

@@ -1,0 +1,443 @@
+//! Leases: the local record of every hold, the watchdog that renews them, the lease-lost
+//! signal, and the release worker behind `Drop`.
+//!
+//! Each hold (one lock, one owner) is a [`Hold`] in the client's [`HoldRegistry`], shared by
+//! all guards that re-entered it. The single watchdog task of a client wakes at the earliest
+//! renewal or deadline of any hold, renews every due hold with one script call per
+//! (script, hash slot, lease) batch, and fires the hold's lost signal when Redis says the hold
+//! is gone or when its deadline passes without a successful renewal. Deadlines are measured
+//! from the moment a request was *sent*, so the local view never outlives the server's.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use fred::types::Value;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::client::Core;
+use crate::config::{check_lease, MAX_DURATION};
+use crate::engine::Driver;
+use crate::error::Result;
+use crate::owner::{op_id, Owner};
+use crate::scripts::{int_array, Script};
+
+/// How a hold's lease is kept alive.
+///
+/// Holds taken by re-entry keep the lease policy of the first hold of their owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// The client's watchdog renews the lease every `lease / 3` while a guard exists. With
+    /// `max_hold`, renewal stops so that the hold ends at most `max_hold` after it was taken
+    /// (the "renew at most N times" safety cap), and the guard's [`lost`](crate::LockGuard::lost)
+    /// fires with [`LostCause::Expired`].
+    Watchdog {
+        /// Lease per renewal.
+        lease: Duration,
+        /// Optional cap on the total hold time.
+        max_hold: Option<Duration>,
+    },
+    /// A fixed lease: the hold expires this long after it was taken unless extended with
+    /// [`LockGuard::extend`](crate::LockGuard::extend). No renewal.
+    Fixed(Duration),
+}
+
+impl Lease {
+    /// A watchdog-renewed lease without a hold cap.
+    pub fn watchdog(lease: Duration) -> Lease {
+        Lease::Watchdog {
+            lease,
+            max_hold: None,
+        }
+    }
+
+    /// A fixed lease.
+    pub fn fixed(lease: Duration) -> Lease {
+        Lease::Fixed(lease)
+    }
+
+    /// Caps the total hold time of a watchdog lease (no effect on a fixed lease).
+    pub fn with_max_hold(self, max_hold: Duration) -> Lease {
+        match self {
+            Lease::Watchdog { lease, .. } => Lease::Watchdog {
+                lease,
+                max_hold: Some(max_hold),
+            },
+            fixed => fixed,
+        }
+    }
+
+    /// The lease requested from Redis at acquisition.
+    pub(crate) fn initial(&self) -> Duration {
+        match *self {
+            Lease::Watchdog { lease, max_hold } => max_hold.map_or(lease, |cap| lease.min(cap)),
+            Lease::Fixed(lease) => lease,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        match *self {
+            Lease::Watchdog { lease, max_hold } => {
+                check_lease("watchdog lease", lease)?;
+                if let Some(cap) = max_hold {
+                    check_lease("max hold", cap)?;
+                }
+                Ok(())
+            }
+            Lease::Fixed(lease) => check_lease("fixed lease", lease),
+        }
+    }
+}
+
+/// Why a hold can no longer be guaranteed. Delivered by [`LockGuard::lost`](crate::LockGuard::lost).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostCause {
+    /// The lease ran out: a fixed lease, or a watchdog lease whose `max_hold` was reached.
+    Expired,
+    /// Renewals kept failing (the error is given) until the lease deadline passed.
+    RenewalFailed(String),
+    /// The hold's key is gone: deleted, flushed, force-unlocked, or lost in a failover.
+    KeyDeleted,
+    /// Another owner holds the lock now.
+    OwnerChanged,
+    /// The same owner holds the lock under a newer fencing token: this hold was lost meanwhile.
+    TokenChanged,
+    /// The client was shut down and released the hold.
+    Shutdown,
+}
+
+/// Per-hold renewal bookkeeping, guarded by a std mutex (never held across an await).
+#[derive(Debug)]
+struct Timing {
+    deadline: Instant,
+    renew_at: Option<Instant>,
+    last_error: Option<String>,
+}
+
+/// One hold: one owner's (possibly re-entered) hold on one lock.
+pub(crate) struct Hold {
+    pub(crate) driver: Arc<dyn Driver>,
+    pub(crate) owner: Owner,
+    pub(crate) token: u64,
+    pub(crate) lease: Lease,
+    key: String,
+    acquired_at: Instant,
+    timing: StdMutex<Timing>,
+    guards: AtomicUsize,
+    lost: watch::Sender<Option<LostCause>>,
+}
+
+impl Hold {
+    pub(crate) fn deadline(&self) -> Instant {
+        self.timing().deadline
+    }
+
+    pub(crate) fn lost_receiver(&self) -> watch::Receiver<Option<LostCause>> {
+        self.lost.subscribe()
+    }
+
+    pub(crate) fn lost_cause(&self) -> Option<LostCause> {
+        self.lost.borrow().clone()
+    }
+
+    /// Fires the lost signal once; later causes are ignored.
+    pub(crate) fn mark_lost(&self, cause: LostCause) {
+        let fired = self.lost.send_if_modified(|slot| {
+            if slot.is_none() {
+                *slot = Some(cause.clone());
+                true
+            } else {
+                false
+            }
+        });
+        if fired {
+            tracing::warn!(lock = self.driver.keys().name(), token = self.token, ?cause, "lease lost");
+            self.timing().renew_at = None;
+        }
+    }
+
+    /// Records a successful renewal or extension sent at `sent_at` for `lease`.
+    pub(crate) fn renewed(&self, sent_at: Instant, lease: Duration) {
+        let mut timing = self.timing();
+        timing.deadline = timing.deadline.max(sent_at + lease);
+        timing.last_error = None;
+        if timing.renew_at.is_some() {
+            timing.renew_at = Some(sent_at + lease / 3);
+        }
+    }
+
+    fn timing(&self) -> std::sync::MutexGuard<'_, Timing> {
+        self.timing.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The lease to request at the next renewal, or None when renewal is over (fixed lease,
+    /// cap reached).
+    fn next_renewal_lease(&self, now: Instant) -> Option<Duration> {
+        match self.lease {
+            Lease::Fixed(_) => None,
+            Lease::Watchdog { lease, max_hold } => match max_hold {
+                None => Some(lease),
+                Some(cap) => {
+                    let left = (self.acquired_at + cap).saturating_duration_since(now);
+                    (left >= crate::config::MIN_LEASE).then(|| lease.min(left))
+                }
+            },
+        }
+    }
+}
+
+/// Every live hold of one client, by (role, owner, lock).
+#[derive(Default)]
+pub(crate) struct HoldRegistry {
+    holds: DashMap<String, Arc<Hold>>,
+    kick: Notify,
+}
+
+impl HoldRegistry {
+    /// Records a successful acquisition: joins the owner's existing hold with the same token
+    /// (re-entry) or starts a new one. Returns the hold the new guard belongs to.
+    pub(crate) fn adopt(
+        &self,
+        driver: Arc<dyn Driver>,
+        owner: &Owner,
+        token: u64,
+        lease: Lease,
+        sent_at: Instant,
+    ) -> Arc<Hold> {
+        let key = format!(
+            "{}|{}|{}",
+            driver.hold_role(),
+            owner.id(),
+            driver.keys().id()
+        );
+        let initial = lease.initial();
+        let fresh = |driver: Arc<dyn Driver>| {
+            let renews = matches!(lease, Lease::Watchdog { .. });
+            Arc::new(Hold {
+                driver,
+                owner: owner.clone(),
+                token,
+                lease,
+                key: key.clone(),
+                acquired_at: sent_at,
+                timing: StdMutex::new(Timing {
+                    deadline: sent_at + initial,
+                    renew_at: renews.then(|| sent_at + initial / 3),
+                    last_error: None,
+                }),
+                guards: AtomicUsize::new(1),
+                lost: watch::channel(None).0,
+            })
+        };
+        let hold = match self.holds.entry(key.clone()) {
+            dashmap::Entry::Occupied(mut entry) => {
+                let existing = entry.get();
+                if existing.token == token && existing.lost_cause().is_none() {
+                    existing.guards.fetch_add(1, Ordering::AcqRel);
+                    existing.renewed(sent_at, initial.min(existing.lease.initial()));
+                    existing.clone()
+                } else {
+                    let hold = fresh(driver);
+                    let old = entry.insert(hold.clone());
+                    if old.token != token {
+                        old.mark_lost(LostCause::TokenChanged);
+                    }
+                    hold
+                }
+            }
+            dashmap::Entry::Vacant(entry) => entry.insert(fresh(driver)).clone(),
+        };
+        self.kick.notify_one();
+        hold
+    }
+
+    /// Forgets one guard of `hold`; the hold leaves the registry with its last guard.
+    pub(crate) fn release_guard(&self, hold: &Arc<Hold>) {
+        if let dashmap::Entry::Occupied(entry) = self.holds.entry(hold.key.clone()) {
+            if Arc::ptr_eq(entry.get(), hold) && hold.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
+                entry.remove();
+            }
+        }
+    }
+
+    /// Removes and returns every hold (shutdown).
+    pub(crate) fn drain(&self) -> Vec<Arc<Hold>> {
+        let keys: Vec<String> = self.holds.iter().map(|e| e.key().clone()).collect();
+        keys.into_iter()
+            .filter_map(|k| self.holds.remove(&k).map(|(_, h)| h))
+            .collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.holds.len()
+    }
+}
+
+/// A batch of holds renewed by one script call: same script, same hash slot, same lease.
+type BatchKey = (&'static str, u16, u64);
+
+/// The watchdog: one task per client renewing every hold in batches.
+///
+/// Renewals run as their own tasks, so a slow or hanging server never delays the deadline
+/// checks of other holds: a hold whose renewal does not come back in time is declared lost at
+/// its deadline.
+pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<bool>) {
+    const MAX_BATCH: usize = 256;
+    let mut renewals = tokio::task::JoinSet::new();
+    loop {
+        let now = Instant::now();
+        let mut next = now + Duration::from_secs(3600);
+        let mut batches: std::collections::HashMap<BatchKey, Vec<(Arc<Hold>, Duration)>> =
+            Default::default();
+        for entry in core.holds.holds.iter() {
+            let hold = entry.value();
+            if hold.lost_cause().is_some() {
+                continue;
+            }
+            let mut timing = hold.timing();
+            if timing.deadline <= now {
+                let cause = match timing.last_error.clone() {
+                    Some(error) => LostCause::RenewalFailed(error),
+                    None => LostCause::Expired,
+                };
+                drop(timing);
+                hold.mark_lost(cause);
+                continue;
+            }
+            next = next.min(timing.deadline);
+            let Some(renew_at) = timing.renew_at else { continue };
+            if renew_at > now {
+                next = next.min(renew_at);
+                continue;
+            }
+            match hold.next_renewal_lease(now) {
+                Some(lease) => {
+                    // In flight: not due again until it answers (or a retry is scheduled).
+                    timing.renew_at = Some(timing.deadline);
+                    let script = hold.driver.renew_script();
+                    let key = (script.name(), hold.driver.keys().shard(), lease.as_millis() as u64);
+                    batches.entry(key).or_default().push((hold.clone(), lease));
+                }
+                None => timing.renew_at = None,
+            }
+        }
+        for (_, holds) in batches {
+            for chunk in holds.chunks(MAX_BATCH) {
+                renewals.spawn(renew_batch(core.clone(), chunk.to_vec()));
+            }
+        }
+
+        let sleep_until = next.max(Instant::now() + Duration::from_millis(1));
+        tokio::select! {
+            _ = tokio::time::sleep_until(sleep_until) => {}
+            _ = core.holds.kick.notified() => {}
+            Some(_) = renewals.join_next(), if !renewals.is_empty() => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+/// Renews one batch and applies each result to its hold.
+async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
+    let Some((first, lease)) = holds.first().cloned() else {
+        return;
+    };
+    let script: &Script = first.driver.renew_script();
+    let keys: Vec<String> = holds.iter().map(|(h, _)| h.driver.renew_key()).collect();
+    let mut args: Vec<Value> = vec![(lease.as_millis() as i64).into()];
+    for (hold, _) in &holds {
+        args.push(hold.owner.id().into());
+        args.push(hold.token.to_string().into());
+    }
+    let sent_at = Instant::now();
+    let span = tracing::debug_span!("renew", holds = holds.len(), lease_ms = lease.as_millis() as u64);
+    let reply = core
+        .run(script, first.driver.keys().name(), keys, args)
+        .instrument(span)
+        .await
+        .and_then(|value| int_array(script.name(), value));
+    match reply {
+        Ok(codes) => {
+            for ((hold, lease), code) in holds.iter().zip(codes) {
+                match code {
+                    1 => hold.renewed(sent_at, *lease),
+                    0 => hold.mark_lost(LostCause::KeyDeleted),
+                    -1 => hold.mark_lost(LostCause::OwnerChanged),
+                    _ => hold.mark_lost(LostCause::TokenChanged),
+                }
+            }
+            tracing::trace!(holds = holds.len(), "renewed");
+        }
+        Err(error) => {
+            tracing::warn!(%error, holds = holds.len(), "renewal failed; retrying until the lease deadline");
+            let retry = Instant::now() + (lease / 10).clamp(Duration::from_millis(5), Duration::from_millis(500));
+            for (hold, _) in &holds {
+                let mut timing = hold.timing();
+                timing.last_error = Some(error.to_string());
+                if timing.renew_at.is_some() {
+                    timing.renew_at = Some(retry);
+                }
+            }
+        }
+    }
+}
+
+/// A release handed over by a guard's `Drop`.
+pub(crate) struct ReleaseJob {
+    pub(crate) hold: Arc<Hold>,
+}
+
+/// The release worker: runs the releases of dropped guards concurrently, drains its queue on
+/// shutdown, and exits when the last sender is gone.
+pub(crate) async fn run_release_worker(
+    mut jobs: mpsc::UnboundedReceiver<ReleaseJob>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            job = jobs.recv() => match job {
+                Some(job) => { running.spawn(release_dropped(job)); }
+                None => break,
+            },
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            _ = shutdown.changed() => {
+                while let Ok(job) = jobs.try_recv() {
+                    running.spawn(release_dropped(job));
+                }
+                break;
+            }
+        }
+    }
+    while running.join_next().await.is_some() {}
+}
+
+async fn release_dropped(job: ReleaseJob) {
+    let hold = job.hold;
+    let lock = hold.driver.keys().name().to_owned();
+    match hold.driver.release(&hold.owner, hold.token, &op_id(), false).await {
+        Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
+        Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),
+    }
+}
+
+/// Caps a duration to what Redis and the crate accept.
+pub(crate) fn clamp_ttl(ms: i64, fallback: Duration) -> Duration {
+    if ms <= 0 {
+        fallback
+    } else {
+        Duration::from_millis(ms as u64).min(MAX_DURATION)
+    }
+}
+
+/// Validates a lease for an explicit extension.
+pub(crate) fn check_extension(lease: Duration) -> Result<()> {
+    check_lease("extension", lease)
+}

@@ -1,0 +1,73 @@
+//! # fredlock
+//!
+//! Redis-backed distributed locks for services built on [fred](https://docs.rs/fred) and
+//! tokio: the Redisson lock family, with waiters woken by push instead of polling.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use fredlock::{Config, LockClient};
+//!
+//! # async fn run() -> fredlock::Result<()> {
+//! let locks = LockClient::connect(Config::new("redis://127.0.0.1:6379")).await?;
+//! let orders = locks.mutex("orders")?;
+//!
+//! let guard = orders.lock().await?;                 // waits, woken by a release event
+//! let token = guard.fencing_token();                // hand it to the resource you protect
+//! // ... critical section; `guard.lost()` tells you if the lease could not be kept ...
+//! guard.unlock().await?;                            // or just drop the guard
+//!
+//! if let Some(guard) = orders.lock_timeout(Duration::from_secs(2)).await? {
+//!     drop(guard);
+//! }
+//! locks.shutdown().await?;
+//! # let _ = token; Ok(()) }
+//! ```
+//!
+//! ## Which lock
+//!
+//! * [`Mutex`]: exclusive, reentrant per [`Owner`], barging. The default choice.
+//!
+//! ## Guarantees
+//!
+//! * **Mutual exclusion** while leases hold: every hold has a lease in Redis; the watchdog
+//!   renews it every third of the lease while the guard lives ([`Lease`]).
+//! * **Fencing tokens**: every hold carries a token strictly greater than every earlier hold of
+//!   the same lock name ([`LockGuard::fencing_token`]). Leases cannot protect against a holder
+//!   that pauses longer than its lease; tokens checked by the resource can.
+//! * **Lease-lost signal**: [`LockGuard::lost`] resolves with a [`LostCause`] when the hold can
+//!   no longer be guaranteed.
+//! * **Push wakeups, no lost wakeups**: releases emit an event in the same script that frees
+//!   the lock; one reader per process wakes local waiters. Every wait is also bounded by the
+//!   holder's remaining lease, and reconnects or gaps make every waiter re-check.
+//! * **Cancellation safety**: dropping an acquire future leaves no trace and releases a hold
+//!   its in-flight script obtained.
+//! * **Bounded connections**: two per client (commands, notifier), whatever the number of
+//!   waiters.
+//!
+//! See `docs/design.md` for the data layout, the scripts, the notification protocol and the
+//! failure behaviour.
+
+#![warn(missing_docs)]
+
+mod client;
+mod config;
+mod engine;
+mod error;
+mod keys;
+mod lease;
+mod lock;
+mod notify;
+mod owner;
+mod scripts;
+
+pub use client::{ClientStats, LockClient};
+pub use config::{Config, NotificationMode, MAX_DURATION, MIN_LEASE};
+pub use error::{Error, NotHeldReason, Result};
+pub use keys::MAX_NAME_LEN;
+pub use lease::{Lease, LostCause};
+pub use lock::guard::LockGuard;
+pub use lock::mutex::{LockState, Mutex};
+pub use owner::Owner;
+
+/// The guard of a [`Mutex`] hold.
+pub type MutexGuard = LockGuard;

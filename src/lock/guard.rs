@@ -1,0 +1,182 @@
+//! The guard every lock type returns.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+use tokio::time::Instant;
+
+use crate::client::LockClient;
+use crate::engine::Released;
+use crate::error::{Error, NotHeldReason, Result};
+use crate::lease::{check_extension, Hold, LostCause, ReleaseJob};
+use crate::owner::{op_id, Owner};
+use crate::scripts::int_array;
+
+/// Proof of one hold on a lock. Returned by every acquire method of every lock type.
+///
+/// * [`fencing_token`](Self::fencing_token): pass it to the resource you protect and let the
+///   resource reject writes with a token lower than one it has seen.
+/// * [`lost`](Self::lost): resolves when the hold can no longer be guaranteed; stop touching the
+///   resource then.
+/// * [`unlock`](Self::unlock): releases and reports errors. Dropping the guard releases too,
+///   without blocking: the release is handed to the client's release worker (outside a runtime
+///   nothing blocks or panics either; the lease then simply expires).
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    hold: Arc<Hold>,
+    client: LockClient,
+    armed: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(hold: Arc<Hold>, client: LockClient) -> Self {
+        LockGuard {
+            hold,
+            client,
+            armed: true,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.hold.driver.keys().name()
+    }
+
+    /// The fencing token of this hold: strictly greater than the token of every earlier hold
+    /// of this lock name, kept across re-entry, never reset (not even by `force_unlock`).
+    pub fn fencing_token(&self) -> u64 {
+        self.hold.token
+    }
+
+    /// The owner this hold belongs to. Bind a lock handle to it to re-enter.
+    pub fn owner(&self) -> &Owner {
+        &self.hold.owner
+    }
+
+    /// The lease policy of the hold.
+    pub fn lease(&self) -> crate::Lease {
+        self.hold.lease
+    }
+
+    /// The latest instant until which the hold is guaranteed by the local clock (measured
+    /// from when the last acquire or renewal was sent). The watchdog pushes it forward.
+    pub fn lease_deadline(&self) -> Instant {
+        self.hold.deadline()
+    }
+
+    /// Why the hold was lost, if it was.
+    pub fn lost_cause(&self) -> Option<LostCause> {
+        self.hold.lost_cause()
+    }
+
+    /// Resolves when the hold can no longer be guaranteed, with the cause. Never resolves while
+    /// the hold is healthy. The future does not borrow the guard, so it can be raced against the
+    /// critical section:
+    ///
+    /// ```no_run
+    /// # async fn f(guard: fredlock::LockGuard) {
+    /// tokio::select! {
+    ///     cause = guard.lost() => eprintln!("lost the lock: {cause:?}"),
+    ///     _ = do_work() => {}
+    /// }
+    /// # }
+    /// # async fn do_work() {}
+    /// ```
+    pub fn lost(&self) -> impl Future<Output = LostCause> + Send + 'static {
+        let mut receiver = self.hold.lost_receiver();
+        async move {
+            loop {
+                if let Some(cause) = receiver.borrow_and_update().clone() {
+                    return cause;
+                }
+                if receiver.changed().await.is_err() {
+                    // The hold record is gone, which only happens at shutdown.
+                    return LostCause::Shutdown;
+                }
+            }
+        }
+    }
+
+    /// Sets the hold's remaining lease to `lease` (owner and token checked). For fixed leases
+    /// this is the way to keep a hold longer; for watchdog leases the next renewal applies the
+    /// watchdog lease again.
+    pub async fn extend(&self, lease: Duration) -> Result<()> {
+        check_extension(lease)?;
+        let driver = &self.hold.driver;
+        let script = driver.renew_script();
+        let sent_at = Instant::now();
+        let reply = self
+            .client
+            .core()
+            .run(
+                script,
+                self.name(),
+                vec![driver.renew_key()],
+                vec![
+                    Value::from(lease.as_millis() as i64),
+                    self.hold.owner.id().into(),
+                    self.hold.token.to_string().into(),
+                ],
+            )
+            .await?;
+        match int_array(script.name(), reply)?.first() {
+            Some(1) => {
+                self.hold.renewed(sent_at, lease);
+                tracing::debug!(lock = self.name(), lease_ms = lease.as_millis() as u64, "extended");
+                Ok(())
+            }
+            Some(0) => Err(self.not_held(NotHeldReason::Expired)),
+            _ => Err(self.not_held(NotHeldReason::HeldByOther)),
+        }
+    }
+
+    /// Releases this hold (one level of re-entry) and reports the outcome. A hold that expired
+    /// or passed to another owner gives [`Error::NotHeld`] and leaves the current holder alone.
+    pub async fn unlock(mut self) -> Result<()> {
+        self.armed = false;
+        self.client.holds().release_guard(&self.hold);
+        let hold = self.hold.clone();
+        let outcome = hold
+            .driver
+            .release(&hold.owner, hold.token, &op_id(), false)
+            .await?;
+        tracing::debug!(lock = self.name(), token = hold.token, ?outcome, "released");
+        match outcome {
+            Released::Yes { .. } => Ok(()),
+            Released::NotHeld(reason) => Err(self.not_held(reason)),
+        }
+    }
+
+    fn not_held(&self, reason: NotHeldReason) -> Error {
+        Error::NotHeld {
+            lock: self.name().to_owned(),
+            reason,
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.client.holds().release_guard(&self.hold);
+        self.client.release_later(ReleaseJob {
+            hold: self.hold.clone(),
+        });
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("lock", &self.hold.driver.keys().id())
+            .field("token", &self.hold.token)
+            .field("owner", &self.hold.owner)
+            .field("lost", &self.lost_cause())
+            .finish()
+    }
+}

@@ -1,0 +1,193 @@
+//! Stream mode: `XREAD BLOCK` over every shard's event stream on the dedicated connection.
+//!
+//! The reader starts from a position taken from the server clock *before* the client is
+//! returned to the caller, and afterwards always passes the last ID it saw, so it never skips
+//! an entry that exists, across any number of reconnects. If entries were trimmed before it
+//! read them (a reader further behind than `stream_max_len`), the per-shard sequence numbers
+//! show the gap and every local waiter re-checks.
+
+use std::collections::HashMap;
+
+
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, EventInterface, StreamsInterface};
+use fred::types::config::Options;
+use fred::types::{ClusterHash, CustomCommand, Value};
+use tokio::task::JoinHandle;
+
+use super::{backoff, Event, Reader, SeqTracker, WakeRule};
+use crate::error::{Error, Result};
+
+const BATCH: u64 = 512;
+
+/// Takes the start position and spawns the reader.
+pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
+    let now_ms = server_time_ms(&reader.client).await?;
+    let start_id = format!("{}-0", now_ms.saturating_sub(1));
+    let keys = reader.event_keys();
+    let ids = vec![start_id; keys.len()];
+    spawn_reconnect_watch(&reader);
+    Ok(tokio::spawn(run(reader, keys, ids)))
+}
+
+/// The server's clock in milliseconds (`TIME`).
+async fn server_time_ms(client: &Client) -> Result<u64> {
+    let time: Vec<String> = client
+        .custom(CustomCommand::new_static("TIME", ClusterHash::Random, false), Vec::<Value>::new())
+        .await
+        .map_err(|err| Error::from_redis(err, "(notifier)", "TIME"))?;
+    let secs: u64 = time.first().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let micros: u64 = time.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// Every reconnect of the notifier connection makes every local waiter re-check.
+fn spawn_reconnect_watch(reader: &Reader) {
+    let mut reconnects = reader.client.reconnect_rx();
+    let waiters = reader.waiters.clone();
+    let mut shutdown = reader.shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                event = reconnects.recv() => match event {
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        waiters.wake_all("notifier reconnected");
+                    }
+                    Err(_) => return,
+                },
+                _ = shutdown.changed() => return,
+            }
+        }
+    });
+}
+
+async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
+    let shard_of: HashMap<String, usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(shard, key)| (key.clone(), shard))
+        .collect();
+    let mut seq = SeqTracker::new(reader.keyspace.shards());
+    let block = reader.config.notifier_block;
+    let options = Options {
+        timeout: Some(block + reader.config.command_timeout),
+        ..Options::default()
+    };
+    let client = reader.client.with_options(&options);
+    let mut failures = 0u32;
+    loop {
+        let read = client.xread::<Value, _, _>(
+            Some(BATCH),
+            Some(block.as_millis() as u64),
+            keys.clone(),
+            ids.clone(),
+        );
+        let reply = tokio::select! {
+            reply = read => reply,
+            _ = reader.shutdown.changed() => return,
+        };
+        match reply {
+            Ok(value) => {
+                failures = 0;
+                let mut gap = false;
+                for (key, entries) in streams(value) {
+                    let Some(&shard) = shard_of.get(&key) else { continue };
+                    for (id, event) in entries {
+                        ids[shard] = id;
+                        let Some(event) = event else {
+                            gap = true;
+                            continue;
+                        };
+                        gap |= seq.gap(shard, event.seq);
+                        reader.waiters.dispatch(&event.lock_id, &event.rule);
+                    }
+                }
+                if gap {
+                    tracing::warn!("event stream gap (trimmed or reset): every waiter re-checks");
+                    reader.waiters.wake_all("stream gap");
+                }
+            }
+            Err(error) => {
+                failures += 1;
+                tracing::warn!(%error, failures, "stream read failed; waiters re-check");
+                reader.waiters.wake_all("stream read error");
+                let pause = backoff(failures, reader.config.reconnect_max_delay);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = reader.shutdown.changed() => return,
+                }
+            }
+        }
+        if *reader.shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+/// Flattens an XREAD reply (RESP2 array or RESP3 map) to (stream, [(id, event)]).
+fn streams(value: Value) -> Vec<(String, Vec<(String, Option<Event>)>)> {
+    let pairs: Vec<(Value, Value)> = match value {
+        Value::Array(streams) => streams
+            .into_iter()
+            .filter_map(|stream| match stream {
+                Value::Array(mut kv) if kv.len() == 2 => {
+                    let entries = kv.pop()?;
+                    let key = kv.pop()?;
+                    Some((key, entries))
+                }
+                _ => None,
+            })
+            .collect(),
+        Value::Map(map) => map
+            .inner()
+            .into_iter()
+            .map(|(key, entries)| (Value::from(key), entries))
+            .collect(),
+        _ => Vec::new(),
+    };
+    pairs
+        .into_iter()
+        .filter_map(|(key, entries)| {
+            let key = key.as_string()?;
+            let Value::Array(entries) = entries else { return None };
+            Some((key, entries.into_iter().filter_map(entry).collect()))
+        })
+        .collect()
+}
+
+/// One stream entry `[id, [field, value, ...]]`; the event is None when malformed.
+fn entry(value: Value) -> Option<(String, Option<Event>)> {
+    let Value::Array(mut parts) = value else { return None };
+    if parts.len() != 2 {
+        return None;
+    }
+    let fields = parts.pop()?;
+    let id = parts.pop()?.as_string()?;
+    let Value::Array(fields) = fields else {
+        return Some((id, None));
+    };
+    let mut seq = None;
+    let mut lock_id = None;
+    let mut rule = None;
+    let mut target = String::new();
+    for pair in fields.chunks(2) {
+        let [name, value] = pair else { continue };
+        match name.as_str().as_deref() {
+            Some("s") => seq = value.as_string().and_then(|s| s.parse::<u64>().ok()),
+            Some("l") => lock_id = value.as_string(),
+            Some("r") => rule = value.as_string(),
+            Some("t") => target = value.as_string().unwrap_or_default(),
+            _ => {}
+        }
+    }
+    let event = match (seq, lock_id, rule) {
+        (Some(seq), Some(lock_id), Some(rule)) => Some(Event {
+            seq,
+            lock_id,
+            rule: WakeRule::parse(&rule, &target),
+        }),
+        _ => None,
+    };
+    Some((id, event))
+}
+

@@ -1,0 +1,49 @@
+//! Owner identity: who a hold belongs to, and so who may re-enter and release it.
+//!
+//! Redisson identifies the owner by "client UUID + thread id". Async tasks migrate between
+//! threads, so a thread id means nothing here; instead the owner is an explicit value. A lock
+//! handle without an owner gives every acquisition a fresh owner (plain mutual exclusion, no
+//! re-entry). Bind a handle to an [`Owner`] to make acquisitions under it reentrant: whatever
+//! task, thread or process presents the same owner re-enters the hold.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// The identity under which holds are taken and re-entered.
+///
+/// An owner is 122 random bits (a UUID v4), so it cannot be guessed. Cloning is cheap and keeps
+/// the identity. Two `Owner::new()` values never re-enter each other's holds.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner(Arc<str>);
+
+impl Owner {
+    /// A new, unique owner.
+    pub fn new() -> Owner {
+        Owner(uuid::Uuid::new_v4().simple().to_string().into())
+    }
+
+    /// The owner's id as stored in Redis. Treat it as a secret: whoever knows it can release the
+    /// owner's holds through the scripts.
+    pub fn id(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for Owner {
+    fn default() -> Self {
+        Owner::new()
+    }
+}
+
+impl fmt::Debug for Owner {
+    /// Shows only the first 8 characters, enough to correlate logs without leaking the id.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Owner({}…)", &self.0[..8.min(self.0.len())])
+    }
+}
+
+/// A unique id for one script call, so a call that is retried after a lost reply is recognised
+/// and answered instead of applied twice.
+pub(crate) fn op_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
