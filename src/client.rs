@@ -98,6 +98,9 @@ impl Drop for ClientInner {
     fn drop(&mut self) {
         // The last handle is gone: stop the tasks (they never block on us) and hang up.
         self.shutdown_tx.send_replace(true);
+        if self.core.closed.swap(true, Ordering::AcqRel) {
+            return; // shutdown() already hung up
+        }
         let notifier = self.notifier.clone();
         let command = self.owns_command_connection.then(|| self.core.redis.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
