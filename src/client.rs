@@ -102,7 +102,9 @@ impl Drop for ClientInner {
             return; // shutdown() already hung up
         }
         let notifier = self.notifier.clone();
-        let command = self.owns_command_connection.then(|| self.core.redis.clone());
+        let command = self
+            .owns_command_connection
+            .then(|| self.core.redis.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = notifier.quit().await;
@@ -130,7 +132,10 @@ fn fred_parts(
         max_command_attempts: 3,
         ..ConnectionConfig::default()
     };
-    let max_delay = config.reconnect_max_delay.as_millis().min(u128::from(u32::MAX)) as u32;
+    let max_delay = config
+        .reconnect_max_delay
+        .as_millis()
+        .min(u128::from(u32::MAX)) as u32;
     let policy = ReconnectPolicy::new_exponential(0, 20.min(max_delay), max_delay, 2);
     (perf, connection, policy)
 }
@@ -172,8 +177,9 @@ impl LockClient {
     /// different layout under the same prefix ([`Error::LayoutMismatch`]).
     pub async fn connect(config: Config) -> Result<LockClient> {
         config.validate()?;
-        let fred_config = FredConfig::from_url(&config.url)
-            .map_err(|err| Error::InvalidConfig(format!("bad url {}: {err}", config.redacted_url())))?;
+        let fred_config = FredConfig::from_url(&config.url).map_err(|err| {
+            Error::InvalidConfig(format!("bad url {}: {err}", config.redacted_url()))
+        })?;
         let (perf, connection, policy) = fred_parts(&config, 32);
         let command = Client::new(fred_config, Some(perf), Some(connection), Some(policy));
         init_client(&command, &config).await?;
@@ -199,7 +205,12 @@ impl LockClient {
         }
 
         let (perf, connection, policy) = fred_parts(&config, 4096);
-        let notifier = Client::new(command.client_config(), Some(perf), Some(connection), Some(policy));
+        let notifier = Client::new(
+            command.client_config(),
+            Some(perf),
+            Some(connection),
+            Some(policy),
+        );
         if let Err(err) = init_client(&notifier, &config).await {
             if owns_command {
                 let _ = command.quit().await;
@@ -389,7 +400,13 @@ async fn check_layout(redis: &Client, keyspace: &Keyspace, config: &Config) -> R
     );
     let map = |err| Error::from_redis(err, "(layout)", &key);
     let _: Value = redis
-        .set(key.as_str(), ours.as_str(), None, Some(SetOptions::NX), false)
+        .set(
+            key.as_str(),
+            ours.as_str(),
+            None,
+            Some(SetOptions::NX),
+            false,
+        )
         .await
         .map_err(map)?;
     let server: Option<String> = redis.get(key.as_str()).await.map_err(map)?;

@@ -23,8 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use tracing::Instrument;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::client::LockClient;
 use crate::error::{Error, NotHeldReason, Result};
@@ -149,7 +149,9 @@ async fn acquire_loop<D: Driver>(
         let ttl = match attempt {
             Attempt::Acquired { token } => {
                 queued.disarm();
-                let hold = client.holds().adopt(driver.clone(), &owner, token, lease, sent_at);
+                let hold = client
+                    .holds()
+                    .adopt(driver.clone(), &owner, token, lease, sent_at);
                 tracing::debug!(token, "acquired");
                 return Ok(Some(LockGuard::new(hold, client)));
             }
@@ -190,11 +192,19 @@ struct InFlight {
 
 impl InFlight {
     fn start<D: Driver>(driver: Arc<D>, owner: Owner, lease: Duration, waiting: bool) -> InFlight {
-        let task = tokio::spawn(driver.clone().try_acquire(owner.clone(), op_id(), lease, waiting));
+        let task = tokio::spawn(
+            driver
+                .clone()
+                .try_acquire(owner.clone(), op_id(), lease, waiting),
+        );
         let undo = move |token: u64| -> BoxFuture<'static, ()> {
             Box::pin(async move {
                 let outcome = driver.release(&owner, token, &op_id(), false).await;
-                tracing::debug!(lock = driver.keys().name(), ?outcome, "released a hold acquired by a cancelled call");
+                tracing::debug!(
+                    lock = driver.keys().name(),
+                    ?outcome,
+                    "released a hold acquired by a cancelled call"
+                );
             })
         };
         InFlight {
@@ -204,7 +214,10 @@ impl InFlight {
     }
 
     async fn finish(mut self) -> Result<Attempt> {
-        let task = self.task.as_mut().expect("InFlight polled after completion");
+        let task = self
+            .task
+            .as_mut()
+            .expect("InFlight polled after completion");
         let result = task.await;
         self.task = None;
         match result {

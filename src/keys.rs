@@ -186,8 +186,9 @@ mod tests {
         assert_eq!(fnv1a(b"a"), 0xe40c_292c);
         assert_eq!(fnv1a(b"foobar"), 0xbf9c_f968);
         assert_eq!(ks.shard_of("orders"), ks.shard_of("orders"));
-        let spread: std::collections::HashSet<u16> =
-            (0..200).map(|i| ks.shard_of(&format!("lock-{i}"))).collect();
+        let spread: std::collections::HashSet<u16> = (0..200)
+            .map(|i| ks.shard_of(&format!("lock-{i}")))
+            .collect();
         assert_eq!(spread.len(), 16, "200 names should cover all 16 shards");
     }
 
@@ -196,7 +197,10 @@ mod tests {
         let ks = Keyspace::new("fl", 4);
         assert!(matches!(ks.lock("mutex", ""), Err(Error::InvalidName(_))));
         let long = "x".repeat(MAX_NAME_LEN + 1);
-        assert!(matches!(ks.lock("mutex", &long), Err(Error::InvalidName(_))));
+        assert!(matches!(
+            ks.lock("mutex", &long),
+            Err(Error::InvalidName(_))
+        ));
         assert!(ks.lock("mutex", &"x".repeat(MAX_NAME_LEN)).is_ok());
         assert!(ks.lock("mutex", "nul\0and\nnewline{}").is_ok());
     }

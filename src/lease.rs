@@ -155,7 +155,12 @@ impl Hold {
             }
         });
         if fired {
-            tracing::warn!(lock = self.driver.keys().name(), token = self.token, ?cause, "lease lost");
+            tracing::warn!(
+                lock = self.driver.keys().name(),
+                token = self.token,
+                ?cause,
+                "lease lost"
+            );
             self.timing().renew_at = None;
         }
     }
@@ -171,7 +176,9 @@ impl Hold {
     }
 
     fn timing(&self) -> std::sync::MutexGuard<'_, Timing> {
-        self.timing.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.timing
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// The lease to request at the next renewal, or None when renewal is over (fixed lease,
@@ -309,7 +316,9 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
                 continue;
             }
             next = next.min(timing.deadline);
-            let Some(renew_at) = timing.renew_at else { continue };
+            let Some(renew_at) = timing.renew_at else {
+                continue;
+            };
             if renew_at > now {
                 next = next.min(renew_at);
                 continue;
@@ -319,7 +328,11 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
                     // In flight: not due again until it answers (or a retry is scheduled).
                     timing.renew_at = Some(timing.deadline);
                     let script = hold.driver.renew_script();
-                    let key = (script.name(), hold.driver.keys().shard(), lease.as_millis() as u64);
+                    let key = (
+                        script.name(),
+                        hold.driver.keys().shard(),
+                        lease.as_millis() as u64,
+                    );
                     batches.entry(key).or_default().push((hold.clone(), lease));
                 }
                 None => timing.renew_at = None,
@@ -357,7 +370,11 @@ async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
         args.push(hold.token.to_string().into());
     }
     let sent_at = Instant::now();
-    let span = tracing::debug_span!("renew", holds = holds.len(), lease_ms = lease.as_millis() as u64);
+    let span = tracing::debug_span!(
+        "renew",
+        holds = holds.len(),
+        lease_ms = lease.as_millis() as u64
+    );
     let reply = core
         .run(script, first.driver.keys().name(), keys, args)
         .instrument(span)
@@ -377,7 +394,8 @@ async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
         }
         Err(error) => {
             tracing::warn!(%error, holds = holds.len(), "renewal failed; retrying until the lease deadline");
-            let retry = Instant::now() + (lease / 10).clamp(Duration::from_millis(5), Duration::from_millis(500));
+            let retry = Instant::now()
+                + (lease / 10).clamp(Duration::from_millis(5), Duration::from_millis(500));
             for (hold, _) in &holds {
                 let mut timing = hold.timing();
                 timing.last_error = Some(error.to_string());
@@ -422,7 +440,11 @@ pub(crate) async fn run_release_worker(
 async fn release_dropped(job: ReleaseJob) {
     let hold = job.hold;
     let lock = hold.driver.keys().name().to_owned();
-    match hold.driver.release(&hold.owner, hold.token, &op_id(), false).await {
+    match hold
+        .driver
+        .release(&hold.owner, hold.token, &op_id(), false)
+        .await
+    {
         Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
         Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),
     }

@@ -47,7 +47,10 @@ impl Script {
             .await
         {
             Err(err) if err.details().starts_with("NOSCRIPT") => {
-                tracing::debug!(script = self.name, "script not cached on the server, reloading");
+                tracing::debug!(
+                    script = self.name,
+                    "script not cached on the server, reloading"
+                );
                 client.eval(self.body.as_str(), keys, args).await
             }
             other => other,
@@ -116,11 +119,17 @@ mod tests {
             ("notify", NOTIFY_PRELUDE),
             ("mutex_acquire", include_str!("../lua/mutex_acquire.lua")),
             ("mutex_release", include_str!("../lua/mutex_release.lua")),
-            ("mutex_force_unlock", include_str!("../lua/mutex_force_unlock.lua")),
+            (
+                "mutex_force_unlock",
+                include_str!("../lua/mutex_force_unlock.lua"),
+            ),
             ("hold_renew", include_str!("../lua/hold_renew.lua")),
             ("hold_inspect", include_str!("../lua/hold_inspect.lua")),
         ] {
-            assert!(source.starts_with(&format!("-- {file}.lua")), "{file}: header");
+            assert!(
+                source.starts_with(&format!("-- {file}.lua")),
+                "{file}: header"
+            );
             if file != "notify" {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");
@@ -132,7 +141,15 @@ mod tests {
     #[test]
     fn scripts_use_only_redis_5_commands() {
         let banned = [
-            "GETDEL", "LPOS", "XAUTOCLAIM", "MINID", "'GT'", "'LT'", "'GET')", "COPY", "LMOVE",
+            "GETDEL",
+            "LPOS",
+            "XAUTOCLAIM",
+            "MINID",
+            "'GT'",
+            "'LT'",
+            "'GET')",
+            "COPY",
+            "LMOVE",
             "EXPIRETIME",
         ];
         for script in [

@@ -125,7 +125,11 @@ impl LockGuard {
         match int_array(script.name(), reply)?.first() {
             Some(1) => {
                 self.hold.renewed(sent_at, lease);
-                tracing::debug!(lock = self.name(), lease_ms = lease.as_millis() as u64, "extended");
+                tracing::debug!(
+                    lock = self.name(),
+                    lease_ms = lease.as_millis() as u64,
+                    "extended"
+                );
                 Ok(())
             }
             Some(0) => Err(self.not_held(NotHeldReason::Expired)),

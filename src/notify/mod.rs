@@ -367,7 +367,10 @@ mod tests {
         drop((r1, r2));
         table.dispatch("rw:a", &WakeRule::Chain);
         assert!(w.wait(Duration::from_millis(1)).await);
-        assert!(!r3.wait(Duration::from_millis(1)).await, "a writer head stops the chain");
+        assert!(
+            !r3.wait(Duration::from_millis(1)).await,
+            "a writer head stops the chain"
+        );
     }
 
     #[tokio::test]

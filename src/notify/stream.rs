@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 
-
 use fred::clients::Client;
 use fred::interfaces::{ClientLike, EventInterface, StreamsInterface};
 use fred::types::config::Options;
@@ -33,7 +32,10 @@ pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
 /// The server's clock in milliseconds (`TIME`).
 async fn server_time_ms(client: &Client) -> Result<u64> {
     let time: Vec<String> = client
-        .custom(CustomCommand::new_static("TIME", ClusterHash::Random, false), Vec::<Value>::new())
+        .custom(
+            CustomCommand::new_static("TIME", ClusterHash::Random, false),
+            Vec::<Value>::new(),
+        )
         .await
         .map_err(|err| Error::from_redis(err, "(notifier)", "TIME"))?;
     let secs: u64 = time.first().and_then(|s| s.parse().ok()).unwrap_or(0);
@@ -91,7 +93,9 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                 failures = 0;
                 let mut gap = false;
                 for (key, entries) in streams(value) {
-                    let Some(&shard) = shard_of.get(&key) else { continue };
+                    let Some(&shard) = shard_of.get(&key) else {
+                        continue;
+                    };
                     for (id, event) in entries {
                         ids[shard] = id;
                         let Some(event) = event else {
@@ -124,8 +128,11 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
     }
 }
 
-/// Flattens an XREAD reply (RESP2 array or RESP3 map) to (stream, [(id, event)]).
-fn streams(value: Value) -> Vec<(String, Vec<(String, Option<Event>)>)> {
+/// A stream entry: its id and the event it carries (None when malformed).
+type Entry = (String, Option<Event>);
+
+/// Flattens an XREAD reply (RESP2 array or RESP3 map) to (stream, entries).
+fn streams(value: Value) -> Vec<(String, Vec<Entry>)> {
     let pairs: Vec<(Value, Value)> = match value {
         Value::Array(streams) => streams
             .into_iter()
@@ -149,15 +156,19 @@ fn streams(value: Value) -> Vec<(String, Vec<(String, Option<Event>)>)> {
         .into_iter()
         .filter_map(|(key, entries)| {
             let key = key.as_string()?;
-            let Value::Array(entries) = entries else { return None };
+            let Value::Array(entries) = entries else {
+                return None;
+            };
             Some((key, entries.into_iter().filter_map(entry).collect()))
         })
         .collect()
 }
 
 /// One stream entry `[id, [field, value, ...]]`; the event is None when malformed.
-fn entry(value: Value) -> Option<(String, Option<Event>)> {
-    let Value::Array(mut parts) = value else { return None };
+fn entry(value: Value) -> Option<Entry> {
+    let Value::Array(mut parts) = value else {
+        return None;
+    };
     if parts.len() != 2 {
         return None;
     }
@@ -190,4 +201,3 @@ fn entry(value: Value) -> Option<(String, Option<Event>)> {
     };
     Some((id, event))
 }
-
