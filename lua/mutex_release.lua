@@ -1,7 +1,7 @@
 -- mutex_release.lua: give back one hold (or all holds) of an exclusive reentrant lock.
 --
 -- KEYS[1] hold     hash {o, c, f, r} (see mutex_acquire.lua)
--- KEYS[2] waiters  marker; when present, freeing the lock emits one event
+-- KEYS[2] waiters  marker; when present, freeing the lock deletes it and emits one event
 -- KEYS[3] events   the shard's stream or channel
 -- KEYS[4] seq      the shard's event counter
 -- ARGV[1] owner id
@@ -39,7 +39,8 @@ end
 redis.call('DEL', hold)
 redis.call('HSET', hold, 'r', op)
 redis.call('PEXPIRE', hold, tomb)
-if redis.call('EXISTS', waiters) == 1 then
+if redis.call('DEL', waiters) == 1 then
+  -- Waiters that lose the race set the marker again on their next attempt.
   fl_emit(events, seq, ARGV[6], ARGV[7], ARGV[8], 'one', '')
 end
 return {1, 0}

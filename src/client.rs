@@ -14,7 +14,7 @@
 //! hold first.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -42,6 +42,8 @@ pub(crate) struct Core {
     pub(crate) keyspace: Keyspace,
     pub(crate) holds: HoldRegistry,
     pub(crate) waiters: Arc<WaiterTable>,
+    /// Acquire calls whose caller went away and that are being finished in the background.
+    pub(crate) orphans: Arc<AtomicUsize>,
     closed: AtomicBool,
 }
 
@@ -107,13 +109,21 @@ impl Drop for ClientInner {
             .then(|| self.core.redis.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = notifier.quit().await;
+                hang_up_notifier(&notifier).await;
                 if let Some(command) = command {
                     let _ = command.quit().await;
                 }
             });
         }
     }
+}
+
+/// Closes the notifier connection at once, interrupting a blocked `XREAD` first (a `QUIT`
+/// queued behind it would otherwise wait for the block to time out).
+async fn hang_up_notifier(notifier: &Client) {
+    use fred::interfaces::ClientInterface;
+    let _ = notifier.unblock_self(None).await;
+    let _ = notifier.quit().await;
 }
 
 /// Builds fred's configuration from ours.
@@ -225,6 +235,7 @@ impl LockClient {
             keyspace: keyspace.clone(),
             holds: HoldRegistry::default(),
             waiters: waiters.clone(),
+            orphans: Arc::default(),
             closed: AtomicBool::new(false),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -297,6 +308,7 @@ impl LockClient {
             waiting: core.waiters.waiters(),
             waiting_locks: core.waiters.queues(),
             wakeups: core.waiters.wakeups(),
+            orphaned_attempts: core.orphans.load(Ordering::Acquire),
         }
     }
 
@@ -326,7 +338,7 @@ impl LockClient {
         for task in tasks {
             let _ = tokio::time::timeout(inner.core.config.command_timeout, task).await;
         }
-        let _ = inner.notifier.quit().await;
+        hang_up_notifier(&inner.notifier).await;
         if inner.owns_command_connection {
             let _ = inner.core.redis.quit().await;
         }
@@ -343,6 +355,10 @@ impl LockClient {
 
     pub(crate) fn holds(&self) -> &HoldRegistry {
         &self.inner.core.holds
+    }
+
+    pub(crate) fn orphans(&self) -> &Arc<AtomicUsize> {
+        &self.inner.core.orphans
     }
 
     pub(crate) fn waiters(&self) -> &Arc<WaiterTable> {
@@ -388,6 +404,9 @@ pub struct ClientStats {
     pub waiting_locks: usize,
     /// Wakeups delivered to local waiters since start.
     pub wakeups: u64,
+    /// Acquire calls abandoned by their caller (dropped future) that are still being finished
+    /// in the background; each releases the lock if its call obtained it.
+    pub orphaned_attempts: usize,
 }
 
 /// Records this client's layout under the prefix, or checks that it matches the recorded one.

@@ -185,63 +185,61 @@ async fn acquire_loop<D: Driver>(
 }
 
 /// An acquire script call that is finished even if the caller goes away.
-struct InFlight {
+struct InFlight<D: Driver> {
     task: Option<JoinHandle<Result<Attempt>>>,
-    undo: Option<Box<dyn FnOnce(u64) -> BoxFuture<'static, ()> + Send>>,
+    driver: Arc<D>,
+    owner: Owner,
 }
 
-impl InFlight {
-    fn start<D: Driver>(driver: Arc<D>, owner: Owner, lease: Duration, waiting: bool) -> InFlight {
-        let task = tokio::spawn(
-            driver
-                .clone()
-                .try_acquire(owner.clone(), op_id(), lease, waiting),
-        );
-        let undo = move |token: u64| -> BoxFuture<'static, ()> {
-            Box::pin(async move {
-                let outcome = driver.release(&owner, token, &op_id(), false).await;
-                tracing::debug!(
-                    lock = driver.keys().name(),
-                    ?outcome,
-                    "released a hold acquired by a cancelled call"
-                );
-            })
-        };
+impl<D: Driver> InFlight<D> {
+    fn start(driver: Arc<D>, owner: Owner, lease: Duration, waiting: bool) -> Self {
+        let attempt = driver
+            .clone()
+            .try_acquire(owner.clone(), op_id(), lease, waiting);
         InFlight {
-            task: Some(task),
-            undo: Some(Box::new(undo)),
+            task: Some(tokio::spawn(attempt)),
+            driver,
+            owner,
         }
     }
 
     async fn finish(mut self) -> Result<Attempt> {
-        let task = self
-            .task
-            .as_mut()
-            .expect("InFlight polled after completion");
+        let Some(task) = self.task.as_mut() else {
+            return Err(Error::Shutdown);
+        };
         let result = task.await;
         self.task = None;
-        match result {
-            Ok(attempt) => attempt,
-            Err(join_error) => Err(Error::Protocol {
+        result.unwrap_or_else(|join_error| {
+            Err(Error::Protocol {
                 script: "acquire",
                 detail: format!("acquire task failed: {join_error}"),
-            }),
-        }
+            })
+        })
     }
 }
 
-impl Drop for InFlight {
+impl<D: Driver> Drop for InFlight<D> {
     fn drop(&mut self) {
-        let (Some(task), Some(undo)) = (self.task.take(), self.undo.take()) else {
+        let Some(task) = self.task.take() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime: the lease (never renewed) expires on its own
         };
+        let driver = self.driver.clone();
+        let owner = self.owner.clone();
+        let orphans = driver.client().orphans().clone();
+        orphans.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         runtime.spawn(async move {
             if let Ok(Ok(Attempt::Acquired { token })) = task.await {
-                undo(token).await;
+                let outcome = driver.release(&owner, token, &op_id(), false).await;
+                tracing::debug!(
+                    lock = driver.keys().name(),
+                    ?outcome,
+                    "released a hold taken by a cancelled acquisition"
+                );
             }
+            orphans.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         });
     }
 }

@@ -1,0 +1,662 @@
+//! Mutex semantics against a real redis-server, in both notification modes: re-entry, release
+//! errors, retried calls, fencing tokens, the lease-lost signal, cancellation and connection
+//! economy.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fredlock::{
+    Config, Error, Lease, LockClient, LostCause, NotHeldReason, NotificationMode, Owner,
+};
+use support::{init_tracing, RedisServer};
+
+/// Bound that only turns a hang into a failure; never a performance claim.
+const HANG: Duration = Duration::from_secs(30);
+
+const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
+
+fn config(server: &RedisServer, mode: NotificationMode, prefix: &str) -> Config {
+    let mut config = Config::new(server.url());
+    config.notification = mode;
+    config.key_prefix = format!("{prefix}-{}", mode_name(mode));
+    config
+}
+
+fn mode_name(mode: NotificationMode) -> &'static str {
+    match mode {
+        NotificationMode::Stream => "stream",
+        _ => "pubsub",
+    }
+}
+
+async fn connect(server: &RedisServer, mode: NotificationMode, prefix: &str) -> LockClient {
+    LockClient::connect(config(server, mode, prefix))
+        .await
+        .expect("connect")
+}
+
+/// Waits (bounded) until `check` holds.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + HANG;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentry_counts_holds_and_keeps_the_token() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let locks = connect(&server, mode, "reentry").await;
+        let me = Owner::new();
+        let mine = locks.mutex("account:7").unwrap().with_owner(&me);
+        let first = mine.lock().await.unwrap();
+        let second = mine.lock().await.unwrap();
+        let third = mine
+            .try_lock()
+            .await
+            .unwrap()
+            .expect("re-entry never waits");
+        assert_eq!(first.fencing_token(), second.fencing_token());
+        assert_eq!(first.fencing_token(), third.fencing_token());
+        assert_eq!(mine.state().await.unwrap().hold_count, 3);
+
+        // Another owner (a handle without owner) is excluded, and a re-entry from another task
+        // under the same owner is not.
+        let other = locks.mutex("account:7").unwrap();
+        assert!(other.try_lock().await.unwrap().is_none());
+        let mine2 = mine.clone();
+        let from_task = tokio::spawn(async move { mine2.lock().await.map(|g| g.fencing_token()) });
+        assert_eq!(from_task.await.unwrap().unwrap(), first.fencing_token());
+        // The spawned task's guard was dropped: the release worker takes that hold back.
+        eventually("dropped re-entry released", || async {
+            mine.state().await.unwrap().hold_count == 3
+        })
+        .await;
+
+        first.unlock().await.unwrap();
+        second.unlock().await.unwrap();
+        let state = mine.state().await.unwrap();
+        assert!(state.locked);
+        assert_eq!(state.hold_count, 1);
+        assert!(other.try_lock().await.unwrap().is_none());
+        third.unlock().await.unwrap();
+        assert!(!mine.is_locked().await.unwrap());
+        let next = other
+            .try_lock()
+            .await
+            .unwrap()
+            .expect("free after the last hold");
+        assert!(next.fencing_token() > state.fencing_token.unwrap());
+        next.unlock().await.unwrap();
+        assert_eq!(locks.stats().held, 0);
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_without_owner_exclude_each_other_and_waiters_get_the_lock() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let locks = connect(&server, mode, "exclusion").await;
+        let mutex = locks.mutex("jobs").unwrap();
+        let held = mutex.lock().await.unwrap();
+        assert!(mutex.try_lock().await.unwrap().is_none());
+        assert!(mutex
+            .lock_timeout(Duration::from_millis(50))
+            .await
+            .unwrap()
+            .is_none());
+        let waiter = {
+            let mutex = mutex.clone();
+            tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
+        };
+        eventually("waiter registered", || async { locks.stats().waiting == 1 }).await;
+        let token = held.fencing_token();
+        held.unlock().await.unwrap();
+        let next = tokio::time::timeout(HANG, waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(next > token);
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_errors_leave_the_current_holder_alone() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let locks = connect(&server, mode, "release").await;
+        let short = locks
+            .mutex("ledger")
+            .unwrap()
+            .with_lease(Lease::fixed(Duration::from_millis(200)))
+            .unwrap();
+        // Released after expiry, nobody holds it.
+        let expired = short.lock().await.unwrap();
+        assert_eq!(expired.lost().await, LostCause::Expired);
+        eventually("lease expired in Redis", || async {
+            !short.is_locked().await.unwrap()
+        })
+        .await;
+        match expired.unlock().await {
+            Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Expired),
+            other => panic!("expected NotHeld(Expired), got {other:?}"),
+        }
+
+        // Released after expiry while another owner holds it.
+        let stale = short.lock().await.unwrap();
+        eventually("lease expired in Redis", || async {
+            !short.is_locked().await.unwrap()
+        })
+        .await;
+        let holder = locks.mutex("ledger").unwrap().lock().await.unwrap();
+        let before = short.state().await.unwrap();
+        match stale.unlock().await {
+            Err(Error::NotHeld { reason, .. }) => {
+                assert_eq!(reason, NotHeldReason::HeldByOther)
+            }
+            other => panic!("expected NotHeld(HeldByOther), got {other:?}"),
+        }
+        let after = short.state().await.unwrap();
+        assert_eq!(before.hold_count, after.hold_count);
+        assert_eq!(before.fencing_token, after.fencing_token);
+        assert!(after.locked);
+        holder.unlock().await.unwrap();
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_across_holders_and_survive_force_unlock() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let mut cfg = config(&server, mode, "fence");
+        cfg.watchdog_lease = Duration::from_millis(600);
+        let locks = LockClient::connect(cfg).await.unwrap();
+        let mutex = locks.mutex("printer").unwrap();
+        let mut last = 0;
+        for _ in 0..5 {
+            let guard = mutex.lock().await.unwrap();
+            assert!(guard.fencing_token() > last);
+            last = guard.fencing_token();
+            guard.unlock().await.unwrap();
+        }
+        let victim = mutex.lock().await.unwrap();
+        let waiter = {
+            let mutex = mutex.clone();
+            tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
+        };
+        eventually("waiter registered", || async { locks.stats().waiting == 1 }).await;
+        assert!(mutex.force_unlock().await.unwrap());
+        // The waiter is woken by the forced unlock's event and gets a higher token.
+        let next = tokio::time::timeout(HANG, waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(next > victim.fencing_token());
+        // The evicted holder learns it at its next renewal.
+        let cause = tokio::time::timeout(HANG, victim.lost()).await.unwrap();
+        assert!(
+            matches!(cause, LostCause::KeyDeleted | LostCause::OwnerChanged),
+            "{cause:?}"
+        );
+        assert!(matches!(victim.unlock().await, Err(Error::NotHeld { .. })));
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_the_key_is_deleted_behind_the_holder() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let mut cfg = config(&server, mode, "deleted");
+        cfg.watchdog_lease = Duration::from_millis(600);
+        cfg.shards = 1;
+        let prefix = cfg.key_prefix.clone();
+        let locks = LockClient::connect(cfg).await.unwrap();
+        let guard = locks.mutex("report").unwrap().lock().await.unwrap();
+        assert!(guard.lost_cause().is_none());
+        let key = format!("{{{prefix}:0}}:mutex:report");
+        assert_eq!(server.cmd(&["DEL", &key]).as_int(), 1);
+        let cause = tokio::time::timeout(HANG, guard.lost()).await.unwrap();
+        assert_eq!(cause, LostCause::KeyDeleted);
+        assert_eq!(guard.lost_cause(), Some(LostCause::KeyDeleted));
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_renewal_fails() {
+    init_tracing();
+    for mode in MODES {
+        // Own server: it will be paused.
+        let server = RedisServer::start();
+        let mut cfg = config(&server, mode, "renewal");
+        cfg.watchdog_lease = Duration::from_millis(900);
+        cfg.command_timeout = Duration::from_millis(200);
+        let locks = LockClient::connect(cfg).await.unwrap();
+        let guard = locks.mutex("batch").unwrap().lock().await.unwrap();
+        let deadline_before = guard.lease_deadline();
+        server.stop_signal();
+        let cause = tokio::time::timeout(HANG, guard.lost()).await;
+        server.cont_signal();
+        match cause.expect("lost() must fire while Redis is unreachable") {
+            LostCause::RenewalFailed(error) => assert!(!error.is_empty()),
+            other => panic!("expected RenewalFailed, got {other:?}"),
+        }
+        assert!(guard.lease_deadline() >= deadline_before);
+        drop(guard);
+        locks.shutdown().await.ok();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_the_lease_and_max_hold_caps_it() {
+    init_tracing();
+    let server = RedisServer::start();
+    let locks = connect(&server, NotificationMode::Stream, "watchdog").await;
+    let renewed = locks
+        .mutex("long-job")
+        .unwrap()
+        .with_lease(Lease::watchdog(Duration::from_millis(300)))
+        .unwrap();
+    let guard = renewed.lock().await.unwrap();
+    let first_deadline = guard.lease_deadline();
+    // Several leases later the hold is still there, renewed by the watchdog.
+    eventually("deadline pushed forward", || async {
+        guard.lease_deadline() > first_deadline + Duration::from_millis(600)
+    })
+    .await;
+    assert!(renewed.is_locked().await.unwrap());
+    assert!(guard.lost_cause().is_none());
+    guard.unlock().await.unwrap();
+
+    let capped = locks
+        .mutex("capped-job")
+        .unwrap()
+        .with_lease(
+            Lease::watchdog(Duration::from_millis(300)).with_max_hold(Duration::from_millis(700)),
+        )
+        .unwrap();
+    let guard = capped.lock().await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(HANG, guard.lost()).await.unwrap(),
+        LostCause::Expired
+    );
+    eventually("capped hold expired", || async {
+        !capped.is_locked().await.unwrap()
+    })
+    .await;
+    drop(guard);
+
+    // extend() on a fixed lease keeps the hold past its original lease.
+    let fixed = locks
+        .mutex("fixed-job")
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_millis(300)))
+        .unwrap();
+    let guard = fixed.lock().await.unwrap();
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    let remaining = fixed.state().await.unwrap().remaining.unwrap();
+    assert!(remaining > Duration::from_secs(30), "{remaining:?}");
+    assert!(matches!(
+        guard.extend(Duration::ZERO).await,
+        Err(Error::InvalidDuration { .. })
+    ));
+    guard.unlock().await.unwrap();
+    locks.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_lock_futures_leave_nothing_behind() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let mut cfg = config(&server, mode, "cancel");
+        cfg.shards = 1;
+        let prefix = cfg.key_prefix.clone();
+        let locks = LockClient::connect(cfg).await.unwrap();
+        let mutex = locks.mutex("queue").unwrap();
+
+        // 1. Waiters dropped while waiting.
+        let holder = mutex.lock().await.unwrap();
+        let waiters: Vec<_> = (0..20)
+            .map(|_| {
+                let mutex = mutex.clone();
+                tokio::spawn(async move { mutex.lock().await.map(|_| ()) })
+            })
+            .collect();
+        eventually("20 waiters registered", || async {
+            locks.stats().waiting == 20
+        })
+        .await;
+        for waiter in &waiters {
+            waiter.abort();
+        }
+        for waiter in waiters {
+            assert!(waiter.await.unwrap_err().is_cancelled());
+        }
+        let stats = locks.stats();
+        assert_eq!((stats.waiting, stats.waiting_locks), (0, 0), "{stats:?}");
+        let state = mutex.state().await.unwrap();
+        assert_eq!(state.hold_count, 1, "the holder is untouched");
+        assert_eq!(state.fencing_token, Some(holder.fencing_token()));
+        holder.unlock().await.unwrap();
+        // The release deleted the waiter marker; only the fence counter (kept forever) and the
+        // short-lived tombstone remain.
+        // Attempts of the aborted waiters that were still in flight finish in the background
+        // (and release whatever they obtained); once they settle, no marker is left.
+        let wait_key = format!("{{{prefix}:0}}:mutex.wait:queue");
+        eventually("aborted attempts finished", || async {
+            locks.stats().orphaned_attempts == 0
+        })
+        .await;
+        assert_eq!(server.cmd(&["EXISTS", &wait_key]).as_int(), 0);
+        assert!(!mutex.is_locked().await.unwrap());
+
+        // 2. Futures dropped while their acquire script is in flight, on a free lock: any hold
+        //    they obtained is released by the engine.
+        for _ in 0..30 {
+            let attempt = mutex.lock();
+            tokio::select! {
+                biased;
+                _ = attempt => {}
+                _ = std::future::ready(()) => {}
+            }
+        }
+        eventually("in-flight acquisitions finished", || async {
+            locks.stats().orphaned_attempts == 0
+        })
+        .await;
+        assert!(!mutex.is_locked().await.unwrap());
+        assert_eq!(locks.stats().held, 0);
+        assert_eq!(locks.stats().waiting, 0);
+        let hold_key = format!("{{{prefix}:0}}:mutex:queue");
+        assert_eq!(server.cmd(&["HEXISTS", &hold_key, "o"]).as_int(), 0);
+        let again = mutex.try_lock().await.unwrap().expect("lock is free");
+        again.unlock().await.unwrap();
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_lock_leaves_no_waiter_marker() {
+    init_tracing();
+    let server = RedisServer::start();
+    let mut cfg = config(&server, NotificationMode::Stream, "trylock");
+    cfg.shards = 1;
+    let prefix = cfg.key_prefix.clone();
+    let locks = LockClient::connect(cfg).await.unwrap();
+    let mutex = locks.mutex("x").unwrap();
+    let held = mutex.lock().await.unwrap();
+    assert!(mutex.try_lock().await.unwrap().is_none());
+    let wait_key = format!("{{{prefix}:0}}:mutex.wait:x");
+    assert_eq!(server.cmd(&["EXISTS", &wait_key]).as_int(), 0);
+    let events = format!("{{{prefix}:0}}:events");
+    held.unlock().await.unwrap();
+    assert_eq!(
+        server.cmd(&["XLEN", &events]).as_int(),
+        0,
+        "an uncontended release writes no event"
+    );
+    locks.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_guard_releases_and_wakes_the_next_waiter() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let locks = connect(&server, mode, "dropguard").await;
+        let mutex = locks.mutex("y").unwrap();
+        let held = mutex.lock().await.unwrap();
+        let waiter = {
+            let mutex = mutex.clone();
+            tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
+        };
+        eventually("waiter registered", || async { locks.stats().waiting == 1 }).await;
+        let token = held.fencing_token();
+        drop(held);
+        let next = tokio::time::timeout(HANG, waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(next > token);
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_share_two_connections() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let before = connected_clients(&server);
+        let locks = connect(&server, mode, "economy").await;
+        let holder = connect(&server, mode, "economy").await;
+        let mut guards = Vec::new();
+        for i in 0..200 {
+            guards.push(
+                holder
+                    .mutex(&format!("lock-{i}"))
+                    .unwrap()
+                    .lock()
+                    .await
+                    .unwrap(),
+            );
+        }
+        let waiters: Vec<_> = (0..200)
+            .map(|i| {
+                let mutex = locks.mutex(&format!("lock-{i}")).unwrap();
+                tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
+            })
+            .collect();
+        eventually("200 waiters registered", || async {
+            locks.stats().waiting == 200
+        })
+        .await;
+        assert_eq!(
+            connected_clients(&server) - before,
+            4,
+            "two clients, two connections each, whatever the number of waiters"
+        );
+        drop(guards);
+        for waiter in waiters {
+            tokio::time::timeout(HANG, waiter)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+        }
+        locks.shutdown().await.unwrap();
+        holder.shutdown().await.unwrap();
+    }
+}
+
+fn connected_clients(server: &RedisServer) -> i64 {
+    // The harness's own connection for this INFO call is counted too; it is the same in every
+    // call, so differences are exact.
+    let info = server.cmd(&["INFO", "clients"]).as_str().unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients in INFO")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_client_uses_the_services_connection_and_leaves_it_open() {
+    use fred::interfaces::{ClientLike, KeysInterface};
+    init_tracing();
+    let server = RedisServer::start();
+    let fred_config = fred::types::config::Config::from_url(&server.url()).unwrap();
+    let service = fred::clients::Client::new(fred_config, None, None, None);
+    service.init().await.unwrap();
+    let locks = LockClient::from_client(
+        service.clone(),
+        config(&server, NotificationMode::Stream, "shared"),
+    )
+    .await
+    .unwrap();
+    let guard = locks.mutex("z").unwrap().lock().await.unwrap();
+    guard.unlock().await.unwrap();
+    locks.shutdown().await.unwrap();
+    let _: () = service
+        .set("still", "usable", None, None, false)
+        .await
+        .unwrap();
+    let value: String = service.get("still").await.unwrap();
+    assert_eq!(value, "usable");
+    service.quit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_with_different_layouts_under_one_prefix_are_refused() {
+    init_tracing();
+    let server = RedisServer::start();
+    let first = connect(&server, NotificationMode::Stream, "layout").await;
+    let mut other = config(&server, NotificationMode::Stream, "layout");
+    other.shards = 8;
+    assert!(matches!(
+        LockClient::connect(other).await,
+        Err(Error::LayoutMismatch { .. })
+    ));
+    let mut other_mode = config(&server, NotificationMode::Stream, "layout");
+    other_mode.notification = NotificationMode::PubSub;
+    assert!(matches!(
+        LockClient::connect(other_mode).await,
+        Err(Error::LayoutMismatch { .. })
+    ));
+    first.shutdown().await.unwrap();
+}
+
+/// A TCP proxy that can swallow the next reply from Redis and cut the connection, as a network
+/// failure between "script ran" and "reply arrived" would. fred then retries the same call.
+struct ReplyDropper {
+    port: u16,
+    armed: Arc<AtomicBool>,
+}
+
+impl ReplyDropper {
+    async fn start(upstream: u16) -> ReplyDropper {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let flag = armed.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    pipe(client, server, flag).await;
+                });
+            }
+        });
+        ReplyDropper { port, armed }
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn pipe(
+    client: tokio::net::TcpStream,
+    server: tokio::net::TcpStream,
+    armed: Arc<AtomicBool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = client_read.read(&mut buf).await {
+            if n == 0 || server_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    let downstream = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = server_read.read(&mut buf).await {
+            if n == 0 || armed.swap(false, Ordering::SeqCst) {
+                break; // reply swallowed: drop both directions
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = upstream => {}
+        _ = downstream => {}
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retried_calls_after_a_lost_reply_are_not_applied_twice() {
+    init_tracing();
+    let server = RedisServer::start();
+    let proxy = ReplyDropper::start(server.port()).await;
+    let mut cfg = Config::new(format!("redis://127.0.0.1:{}", proxy.port));
+    cfg.key_prefix = "retry".into();
+    // The notifier must stay silent while a reply is being swallowed.
+    cfg.notifier_block = Duration::from_secs(120);
+    let locks = LockClient::connect(cfg).await.unwrap();
+    let me = Owner::new();
+    let mutex = locks.mutex("idempotent").unwrap().with_owner(&me);
+    let first = mutex.lock().await.unwrap();
+    let second = mutex.lock().await.unwrap();
+
+    // A re-entry whose reply is lost is retried by fred with the same op id: counted once.
+    proxy.arm();
+    let third = tokio::time::timeout(HANG, mutex.lock())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(mutex.state().await.unwrap().hold_count, 3);
+
+    // A partial release whose reply is lost: decremented once, and reported as success.
+    proxy.arm();
+    tokio::time::timeout(HANG, third.unlock())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(mutex.state().await.unwrap().hold_count, 2);
+    second.unlock().await.unwrap();
+
+    // The final release whose reply is lost: the tombstone answers the retry with success.
+    proxy.arm();
+    tokio::time::timeout(HANG, first.unlock())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!mutex.is_locked().await.unwrap());
+    let other = locks.mutex("idempotent").unwrap().try_lock().await.unwrap();
+    assert!(other.is_some(), "free for another owner");
+    drop(other);
+    locks.shutdown().await.unwrap();
+}
