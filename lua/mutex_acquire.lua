@@ -1,8 +1,8 @@
--- mutex_acquire.lua: take or re-enter an exclusive reentrant lock.
+-- mutex_acquire.lua: take or re-enter an exclusive reentrant lock (barging).
+-- Uses lib/hold.lua.
 --
--- KEYS[1] hold     hash {o = owner id, c = hold count, f = fencing token, r = last op id}
---                  (a hash with only r is the tombstone of a release; see mutex_release.lua)
--- KEYS[2] fence    counter of fencing tokens; never expires, never reset
+-- KEYS[1] hold     hold hash (see lib/hold.lua)
+-- KEYS[2] fence    fencing counter; never expires, never reset
 -- KEYS[3] waiters  marker "someone may be waiting"; releases emit an event only while it exists
 -- ARGV[1] owner id
 -- ARGV[2] lease in ms (> 0)
@@ -16,24 +16,10 @@ local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(AR
 
 local current = redis.call('HGET', hold, 'o')
 if not current then
-  local token = redis.call('INCR', fence)
-  redis.call('DEL', hold)
-  redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
-  redis.call('PEXPIRE', hold, lease)
-  return {1, token, 1}
+  return fl_take(hold, fence, owner, op, lease)
 end
-
 if current == owner then
-  local token = tonumber(redis.call('HGET', hold, 'f'))
-  if redis.call('HGET', hold, 'r') == op then
-    return {1, token, tonumber(redis.call('HGET', hold, 'c'))}
-  end
-  local count = redis.call('HINCRBY', hold, 'c', 1)
-  redis.call('HSET', hold, 'r', op)
-  if redis.call('PTTL', hold) < lease then
-    redis.call('PEXPIRE', hold, lease)
-  end
-  return {1, token, count}
+  return fl_reenter(hold, owner, op, lease)
 end
 
 local ttl = redis.call('PTTL', hold)

@@ -31,8 +31,9 @@ use crate::config::{Config, NotificationMode};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, LockKeys};
 use crate::lease::{run_release_worker, run_watchdog, HoldRegistry, LostCause, ReleaseJob};
-use crate::lock::mutex::Mutex;
+use crate::lock::mutex::{FairMutex, Mutex};
 use crate::notify::{pubsub, stream, WaiterTable};
+use crate::queue::{run_heartbeat, QueuedWaiters};
 use crate::scripts::Script;
 
 /// State shared by handles, guards and background tasks.
@@ -42,6 +43,7 @@ pub(crate) struct Core {
     pub(crate) keyspace: Keyspace,
     pub(crate) holds: HoldRegistry,
     pub(crate) waiters: Arc<WaiterTable>,
+    pub(crate) queued: QueuedWaiters,
     /// Acquire calls whose caller went away and that are being finished in the background.
     pub(crate) orphans: Arc<AtomicUsize>,
     closed: AtomicBool,
@@ -65,10 +67,16 @@ impl Core {
 
     /// The ARGV tail every event-emitting script takes: mode, stream cap, lock id.
     pub(crate) fn event_args(&self, keys: &LockKeys) -> Vec<Value> {
+        let mut args = self.event_args_mode();
+        args.push(keys.id().as_ref().into());
+        args
+    }
+
+    /// Notification mode and stream cap, as script arguments.
+    pub(crate) fn event_args_mode(&self) -> Vec<Value> {
         vec![
             self.config.notification.as_str().into(),
             (self.config.stream_max_len as i64).into(),
-            keys.id().as_ref().into(),
         ]
     }
 
@@ -235,6 +243,7 @@ impl LockClient {
             keyspace: keyspace.clone(),
             holds: HoldRegistry::default(),
             waiters: waiters.clone(),
+            queued: QueuedWaiters::default(),
             orphans: Arc::default(),
             closed: AtomicBool::new(false),
         });
@@ -264,6 +273,7 @@ impl LockClient {
         let tasks = vec![
             reader_task,
             tokio::spawn(run_watchdog(core.clone(), shutdown_rx.clone())),
+            tokio::spawn(run_heartbeat(core.clone(), shutdown_rx.clone())),
             tokio::spawn(run_release_worker(release_rx, shutdown_rx)),
         ];
         tracing::info!(
@@ -284,10 +294,16 @@ impl LockClient {
         })
     }
 
-    /// An exclusive reentrant lock handle. Validates the name (non-empty, at most
-    /// [`crate::MAX_NAME_LEN`] bytes); no Redis call.
+    /// An exclusive reentrant lock handle, barging (see [`Mutex`]). Validates the name
+    /// (non-empty, at most [`crate::MAX_NAME_LEN`] bytes); no Redis call.
     pub fn mutex(&self, name: &str) -> Result<Mutex> {
-        Mutex::new(self.clone(), name)
+        Mutex::barging(self.clone(), name)
+    }
+
+    /// A fair (strict FIFO across processes) exclusive reentrant lock handle (see [`Mutex`]).
+    /// A fair lock and a barging lock of the same name are different locks.
+    pub fn fair_mutex(&self, name: &str) -> Result<FairMutex> {
+        Mutex::fair(self.clone(), name)
     }
 
     /// The configuration in use.
@@ -309,6 +325,7 @@ impl LockClient {
             waiting_locks: core.waiters.queues(),
             wakeups: core.waiters.wakeups(),
             orphaned_attempts: core.orphans.load(Ordering::Acquire),
+            queued_in_redis: core.queued.len(),
         }
     }
 
@@ -355,6 +372,10 @@ impl LockClient {
 
     pub(crate) fn holds(&self) -> &HoldRegistry {
         &self.inner.core.holds
+    }
+
+    pub(crate) fn queued(&self) -> &QueuedWaiters {
+        &self.inner.core.queued
     }
 
     pub(crate) fn orphans(&self) -> &Arc<AtomicUsize> {
@@ -407,6 +428,9 @@ pub struct ClientStats {
     /// Acquire calls abandoned by their caller (dropped future) that are still being finished
     /// in the background; each releases the lock if its call obtained it.
     pub orphaned_attempts: usize,
+    /// Waiters of this client that hold a place in a Redis-side queue (fair lock) and are kept
+    /// alive by its heartbeat.
+    pub queued_in_redis: usize,
 }
 
 /// Records this client's layout under the prefix, or checks that it matches the recorded one.

@@ -72,6 +72,10 @@ pub struct Config {
     /// Limit on every Redis command the crate sends.
     #[serde(with = "humantime_serde")]
     pub command_timeout: Duration,
+    /// Lease of a waiter's place in a fair lock's queue. The client's heartbeat renews it every
+    /// third of it; a waiter whose process died is evicted within one lease.
+    #[serde(with = "humantime_serde")]
+    pub waiter_lease: Duration,
     /// How long the "someone may be waiting" marker outlives the lease a waiter saw. Releases
     /// emit events only while the marker exists.
     #[serde(with = "humantime_serde")]
@@ -96,6 +100,7 @@ impl Default for Config {
             stream_max_len: 10_000,
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(5),
+            waiter_lease: Duration::from_secs(3),
             waiter_grace: Duration::from_secs(2),
             reconnect_max_delay: Duration::from_secs(2),
             notifier_block: Duration::from_secs(5),
@@ -144,6 +149,7 @@ impl Config {
             )));
         }
         check_lease("watchdog_lease", self.watchdog_lease)?;
+        check_duration("waiter_lease", self.waiter_lease, Duration::from_millis(30))?;
         for (what, value) in [
             ("connect_timeout", self.connect_timeout),
             ("command_timeout", self.command_timeout),
@@ -173,6 +179,7 @@ impl fmt::Debug for Config {
             .field("stream_max_len", &self.stream_max_len)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
+            .field("waiter_lease", &self.waiter_lease)
             .field("waiter_grace", &self.waiter_grace)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("notifier_block", &self.notifier_block)

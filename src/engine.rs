@@ -68,11 +68,12 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn hold_role(&self) -> &'static str {
         ""
     }
-    /// One acquire attempt. `waiting` tells the script that the caller will wait on failure
-    /// (so it should leave a waiter marker / queue entry).
+    /// One acquire attempt by the acquisition `waiter`. `waiting` tells the script that the
+    /// caller will wait on failure (so it should leave a waiter marker or join the queue).
     fn try_acquire(
         self: Arc<Self>,
         owner: Owner,
+        waiter: Arc<str>,
         op: String,
         lease: Duration,
         waiting: bool,
@@ -85,12 +86,19 @@ pub(crate) trait Driver: Send + Sync + 'static {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>>;
+    /// Frees the lock whoever holds it and wakes the next waiter; true if a hold was removed.
+    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>>;
     /// The script that renews holds of this kind (see `lua/hold_renew.lua` for its contract).
     fn renew_script(&self) -> &'static Script;
     /// The key passed to the renew script for this lock.
     fn renew_key(&self) -> String;
-    /// Leaves any Redis-side wait queue after a timeout or cancellation. Default: nothing.
-    fn abandon(self: Arc<Self>, _owner: Owner) -> Option<BoxFuture<'static, Result<()>>> {
+    /// For locks that queue waiters in Redis: the heartbeat script (see
+    /// `lua/fair_heartbeat.lua` for its contract) and this lock's hold, queue and alive keys.
+    fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
+        None
+    }
+    /// Leaves the Redis-side wait queue after a timeout or cancellation. Default: nothing.
+    fn abandon(self: Arc<Self>, _waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
         None
     }
 }
@@ -107,8 +115,8 @@ pub(crate) enum Patience {
 }
 
 /// Acquires through `driver`: `Ok(None)` when the patience ran out.
-pub(crate) async fn acquire<D: Driver>(
-    driver: Arc<D>,
+pub(crate) async fn acquire(
+    driver: Arc<dyn Driver>,
     owner: Owner,
     lease: Lease,
     patience: Patience,
@@ -120,8 +128,8 @@ pub(crate) async fn acquire<D: Driver>(
         .await
 }
 
-async fn acquire_loop<D: Driver>(
-    driver: Arc<D>,
+async fn acquire_loop(
+    driver: Arc<dyn Driver>,
     owner: Owner,
     lease: Lease,
     patience: Patience,
@@ -131,21 +139,28 @@ async fn acquire_loop<D: Driver>(
     let keys = driver.keys().clone();
 
     let waiting = patience != Patience::None;
+    let waiter: Arc<str> = op_id().into();
     let registration = waiting.then(|| {
         client
             .waiters()
-            .register(keys.id(), driver.wait_kind(), None)
+            .register(keys.id(), driver.wait_kind(), Some(waiter.clone()))
     });
-    let mut queued = QueuedInRedis::new(driver.clone(), owner.clone(), waiting);
+    let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
     let requested = lease.initial();
     let fallback_wait = client.config().watchdog_lease;
     let mut shutdown = client.shutdown_signal();
 
     loop {
         let sent_at = Instant::now();
-        let attempt = InFlight::start(driver.clone(), owner.clone(), requested, waiting)
-            .finish()
-            .await?;
+        let attempt = InFlight::start(
+            driver.clone(),
+            owner.clone(),
+            waiter.clone(),
+            requested,
+            waiting,
+        )
+        .finish()
+        .await?;
         let ttl = match attempt {
             Attempt::Acquired { token } => {
                 queued.disarm();
@@ -157,6 +172,9 @@ async fn acquire_loop<D: Driver>(
             }
             Attempt::Busy { ttl } => ttl.unwrap_or(fallback_wait),
         };
+        if waiting {
+            queued.joined();
+        }
         let limit = match patience {
             Patience::None => return Ok(None),
             Patience::Forever => ttl,
@@ -185,21 +203,30 @@ async fn acquire_loop<D: Driver>(
 }
 
 /// An acquire script call that is finished even if the caller goes away.
-struct InFlight<D: Driver> {
+struct InFlight {
     task: Option<JoinHandle<Result<Attempt>>>,
-    driver: Arc<D>,
+    driver: Arc<dyn Driver>,
     owner: Owner,
+    waiter: Arc<str>,
 }
 
-impl<D: Driver> InFlight<D> {
-    fn start(driver: Arc<D>, owner: Owner, lease: Duration, waiting: bool) -> Self {
-        let attempt = driver
-            .clone()
-            .try_acquire(owner.clone(), op_id(), lease, waiting);
+impl InFlight {
+    fn start(
+        driver: Arc<dyn Driver>,
+        owner: Owner,
+        waiter: Arc<str>,
+        lease: Duration,
+        waiting: bool,
+    ) -> Self {
+        let attempt =
+            driver
+                .clone()
+                .try_acquire(owner.clone(), waiter.clone(), op_id(), lease, waiting);
         InFlight {
             task: Some(tokio::spawn(attempt)),
             driver,
             owner,
+            waiter,
         }
     }
 
@@ -218,7 +245,7 @@ impl<D: Driver> InFlight<D> {
     }
 }
 
-impl<D: Driver> Drop for InFlight<D> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         let Some(task) = self.task.take() else {
             return;
@@ -228,64 +255,95 @@ impl<D: Driver> Drop for InFlight<D> {
         };
         let driver = self.driver.clone();
         let owner = self.owner.clone();
+        let waiter = self.waiter.clone();
         let orphans = driver.client().orphans().clone();
         orphans.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         runtime.spawn(async move {
-            if let Ok(Ok(Attempt::Acquired { token })) = task.await {
-                let outcome = driver.release(&owner, token, &op_id(), false).await;
-                tracing::debug!(
-                    lock = driver.keys().name(),
-                    ?outcome,
-                    "released a hold taken by a cancelled acquisition"
-                );
+            match task.await {
+                Ok(Ok(Attempt::Acquired { token })) => {
+                    let outcome = driver.release(&owner, token, &op_id(), false).await;
+                    tracing::debug!(
+                        lock = driver.keys().name(),
+                        ?outcome,
+                        "released a hold taken by a cancelled acquisition"
+                    );
+                }
+                Ok(Ok(Attempt::Busy { .. })) => {
+                    // It may have joined a Redis-side queue: leave it.
+                    if let Some(leaving) = driver.clone().abandon(waiter) {
+                        let _ = leaving.await;
+                    }
+                }
+                _ => {}
             }
             orphans.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         });
     }
 }
 
-/// Makes a driver leave its Redis-side wait queue when the acquisition ends without the lock.
-struct QueuedInRedis<D: Driver> {
-    driver: Arc<D>,
-    owner: Owner,
-    armed: bool,
+/// A waiter's place in a Redis-side wait queue (fair lock): kept alive by the client's
+/// heartbeat while the acquisition waits, and left when it ends without the lock.
+struct QueuedInRedis {
+    driver: Arc<dyn Driver>,
+    waiter: Arc<str>,
+    joined: bool,
 }
 
-impl<D: Driver> QueuedInRedis<D> {
-    fn new(driver: Arc<D>, owner: Owner, armed: bool) -> Self {
+impl QueuedInRedis {
+    fn new(driver: Arc<dyn Driver>, waiter: Arc<str>) -> Self {
         QueuedInRedis {
             driver,
-            owner,
-            armed,
+            waiter,
+            joined: false,
         }
     }
 
-    fn disarm(&mut self) {
-        self.armed = false;
+    /// The attempt failed while waiting: the waiter is in the queue now (if the lock type
+    /// queues), so the heartbeat must keep it alive.
+    fn joined(&mut self) {
+        if !self.joined && self.driver.wait_queue().is_some() {
+            self.joined = true;
+            self.driver
+                .client()
+                .queued()
+                .join(self.waiter.clone(), self.driver.clone());
+        }
     }
 
+    /// The acquisition got the lock: the script already removed it from the queue.
+    fn disarm(&mut self) {
+        if std::mem::take(&mut self.joined) {
+            self.driver.client().queued().leave(&self.waiter);
+        }
+    }
+
+    /// Leaves the queue now (timeout).
     async fn leave(&mut self) {
-        if std::mem::take(&mut self.armed) {
-            if let Some(leave) = self.driver.clone().abandon(self.owner.clone()) {
-                if let Err(error) = leave.await {
-                    tracing::warn!(lock = self.driver.keys().name(), %error, "could not leave the wait queue");
-                }
+        if let Some(leaving) = self.take_leave() {
+            if let Err(error) = leaving.await {
+                tracing::warn!(lock = self.driver.keys().name(), %error, "could not leave the wait queue; the waiter lease will evict it");
             }
         }
+    }
+
+    fn take_leave(&mut self) -> Option<BoxFuture<'static, Result<()>>> {
+        if !std::mem::take(&mut self.joined) {
+            return None;
+        }
+        self.driver.client().queued().leave(&self.waiter);
+        self.driver.clone().abandon(self.waiter.clone())
     }
 }
 
-impl<D: Driver> Drop for QueuedInRedis<D> {
+impl Drop for QueuedInRedis {
     fn drop(&mut self) {
-        if !self.armed {
+        let Some(leaving) = self.take_leave() else {
             return;
-        }
-        if let Some(leave) = self.driver.clone().abandon(self.owner.clone()) {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = leave.await;
-                });
-            }
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = leaving.await;
+            });
         }
     }
 }

@@ -25,7 +25,10 @@
 //!
 //! ## Which lock
 //!
-//! * [`Mutex`]: exclusive, reentrant per [`Owner`], barging. The default choice.
+//! * [`Mutex`] ([`LockClient::mutex`]): exclusive, reentrant per [`Owner`], barging. The
+//!   default choice: fastest hand-off.
+//! * [`FairMutex`] ([`LockClient::fair_mutex`]): the same, but strictly first-come,
+//!   first-served across all processes, with dead waiters evicted within a waiter lease.
 //!
 //! ## Guarantees
 //!
@@ -58,6 +61,7 @@ mod lease;
 mod lock;
 mod notify;
 mod owner;
+mod queue;
 mod scripts;
 
 pub use client::{ClientStats, LockClient};
@@ -66,7 +70,8 @@ pub use error::{Error, NotHeldReason, Result};
 pub use keys::MAX_NAME_LEN;
 pub use lease::{Lease, LostCause};
 pub use lock::guard::LockGuard;
-pub use lock::mutex::{LockState, Mutex};
+pub use lock::mutex::{FairMutex, Mutex};
+pub use lock::LockState;
 pub use owner::Owner;
 
 /// The guard of a [`Mutex`] hold.

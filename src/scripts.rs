@@ -1,10 +1,11 @@
 //! The script registry: every `lua/*.lua` file, loaded once per server and run with `EVALSHA`.
 //!
-//! Scripts are compiled into the binary with `include_str!`. Those that emit release events get
-//! the shared prelude `lua/notify.lua` prepended, so the event format is written once. The SHA1
-//! of each final body is computed at first use; a `NOSCRIPT` reply (after `SCRIPT FLUSH`, a
-//! restart or a failover to a node that never saw the script) is answered by one `EVAL` of the
-//! full body, which also caches the script on that node again.
+//! Scripts are compiled into the binary with `include_str!`. Shared Lua functions live in the
+//! library preludes of `lua/lib/` (hold bookkeeping, the wait queue, event emission); each
+//! script lists the libraries it uses and gets them prepended, so each rule is written once.
+//! The SHA1 of each final body is computed at first use; a `NOSCRIPT` reply (after `SCRIPT
+//! FLUSH`, a restart or a failover to a node that never saw the script) is answered by one
+//! `EVAL` of the full body, which also caches the script on that node again.
 
 use std::sync::LazyLock;
 
@@ -20,12 +21,14 @@ pub(crate) struct Script {
 }
 
 impl Script {
-    fn new(name: &'static str, source: &str, emits_events: bool) -> Script {
-        let body = if emits_events {
-            format!("{NOTIFY_PRELUDE}\n{source}")
-        } else {
-            source.to_owned()
-        };
+    /// A script made of the given library preludes followed by its own source.
+    fn new(name: &'static str, source: &str, libraries: &[&str]) -> Script {
+        let mut body = String::new();
+        for library in libraries {
+            body.push_str(library);
+            body.push('\n');
+        }
+        body.push_str(source);
         let sha = fred::util::sha1_hash(&body);
         Script { name, body, sha }
     }
@@ -58,41 +61,57 @@ impl Script {
     }
 }
 
-const NOTIFY_PRELUDE: &str = include_str!("../lua/notify.lua");
+/// Library preludes (`lua/lib/`): shared Lua functions, written once.
+const NOTIFY: &str = include_str!("../lua/lib/notify.lua");
+const HOLD: &str = include_str!("../lua/lib/hold.lua");
+const QUEUE: &str = include_str!("../lua/lib/queue.lua");
 
-/// Every script of the crate.
-pub(crate) struct Scripts {
-    pub(crate) mutex_acquire: Script,
-    pub(crate) mutex_release: Script,
-    pub(crate) mutex_force_unlock: Script,
-    pub(crate) hold_renew: Script,
-    pub(crate) hold_inspect: Script,
+macro_rules! scripts {
+    ($($field:ident: [$($lib:ident),*]),* $(,)?) => {
+        /// Every script of the crate, one per state change (plus read-only inspection).
+        pub(crate) struct Scripts {
+            $(pub(crate) $field: Script,)*
+        }
+
+        /// The registry, built on first use.
+        pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+            $($field: Script::new(
+                stringify!($field),
+                include_str!(concat!("../lua/", stringify!($field), ".lua")),
+                &[$($lib),*],
+            ),)*
+        });
+
+        /// (file name, source) of every script, for the header checks.
+        #[cfg(test)]
+        const SOURCES: &[(&str, &str)] = &[
+            $((stringify!($field), include_str!(concat!("../lua/", stringify!($field), ".lua"))),)*
+            ("notify", NOTIFY),
+            ("hold", HOLD),
+            ("queue", QUEUE),
+        ];
+
+        impl Scripts {
+            #[cfg(test)]
+            fn all(&self) -> Vec<&Script> {
+                vec![$(&self.$field),*]
+            }
+        }
+    };
 }
 
-/// The registry, built on first use.
-pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    mutex_acquire: Script::new(
-        "mutex_acquire",
-        include_str!("../lua/mutex_acquire.lua"),
-        false,
-    ),
-    mutex_release: Script::new(
-        "mutex_release",
-        include_str!("../lua/mutex_release.lua"),
-        true,
-    ),
-    mutex_force_unlock: Script::new(
-        "mutex_force_unlock",
-        include_str!("../lua/mutex_force_unlock.lua"),
-        true,
-    ),
-    hold_renew: Script::new("hold_renew", include_str!("../lua/hold_renew.lua"), false),
-    hold_inspect: Script::new(
-        "hold_inspect",
-        include_str!("../lua/hold_inspect.lua"),
-        false,
-    ),
-});
+scripts! {
+    mutex_acquire: [HOLD],
+    mutex_release: [HOLD, NOTIFY],
+    mutex_force_unlock: [NOTIFY],
+    fair_acquire: [HOLD, QUEUE, NOTIFY],
+    fair_release: [HOLD, QUEUE, NOTIFY],
+    fair_leave: [QUEUE, NOTIFY],
+    fair_heartbeat: [QUEUE, NOTIFY],
+    fair_force_unlock: [QUEUE, NOTIFY],
+    hold_renew: [],
+    hold_inspect: [],
+}
 
 /// Reads a script reply that must be an array of integers.
 pub(crate) fn int_array(script: &'static str, value: Value) -> crate::Result<Vec<i64>> {
@@ -115,22 +134,13 @@ mod tests {
 
     #[test]
     fn every_script_documents_keys_argv_and_return() {
-        for (file, source) in [
-            ("notify", NOTIFY_PRELUDE),
-            ("mutex_acquire", include_str!("../lua/mutex_acquire.lua")),
-            ("mutex_release", include_str!("../lua/mutex_release.lua")),
-            (
-                "mutex_force_unlock",
-                include_str!("../lua/mutex_force_unlock.lua"),
-            ),
-            ("hold_renew", include_str!("../lua/hold_renew.lua")),
-            ("hold_inspect", include_str!("../lua/hold_inspect.lua")),
-        ] {
+        for (file, source) in SOURCES {
             assert!(
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            if file != "notify" {
+            let library = ["notify", "hold", "queue"].contains(file);
+            if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");
                 }
@@ -147,18 +157,13 @@ mod tests {
             "MINID",
             "'GT'",
             "'LT'",
-            "'GET')",
             "COPY",
             "LMOVE",
             "EXPIRETIME",
+            "ZRANGESTORE",
+            "'KEEPTTL'",
         ];
-        for script in [
-            &SCRIPTS.mutex_acquire,
-            &SCRIPTS.mutex_release,
-            &SCRIPTS.mutex_force_unlock,
-            &SCRIPTS.hold_renew,
-            &SCRIPTS.hold_inspect,
-        ] {
+        for script in SCRIPTS.all() {
             for word in banned {
                 assert!(!script.body.contains(word), "{} uses {word}", script.name);
             }

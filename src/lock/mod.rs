@@ -1,43 +1,40 @@
-//! Lock types: each is a thin [`Driver`](crate::engine::Driver) (its scripts and wake rule)
-//! plus a public handle; waiting, renewal and release are shared (see [`crate::engine`] and
-//! [`crate::lease`]).
+//! Lock types: each is a thin [`Driver`] (its keys, scripts and wake rule) plus a public handle;
+//! waiting, renewal and release are shared (see [`crate::engine`] and [`crate::lease`]).
+//!
+//! This module also holds what the drivers share: the handle core ([`Acquirer`]) and the
+//! decoding of the replies that all hold-based scripts give.
 
+pub(crate) mod fair;
 pub(crate) mod guard;
 pub(crate) mod mutex;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use fred::types::Value;
 use tokio::time::Instant;
 
+use crate::client::LockClient;
 use crate::config::{check_duration, MAX_DURATION};
-use crate::engine::{acquire, Driver, Patience};
-use crate::error::Result;
-use crate::lease::Lease;
+use crate::engine::{acquire, Attempt, Driver, Patience, Released};
+use crate::error::{Error, NotHeldReason, Result};
+use crate::lease::{clamp_ttl, Lease};
 use crate::lock::guard::LockGuard;
 use crate::owner::Owner;
+use crate::scripts::{int_array, Script, SCRIPTS};
 
 /// What every lock handle carries: the driver, an optional fixed owner and an optional lease.
-pub(crate) struct Acquirer<D: Driver> {
-    pub(crate) driver: Arc<D>,
+#[derive(Clone)]
+pub(crate) struct Acquirer {
+    pub(crate) driver: Arc<dyn Driver>,
     owner: Option<Owner>,
     lease: Option<Lease>,
 }
 
-impl<D: Driver> Clone for Acquirer<D> {
-    fn clone(&self) -> Self {
+impl Acquirer {
+    pub(crate) fn new(driver: Arc<dyn Driver>) -> Self {
         Acquirer {
-            driver: self.driver.clone(),
-            owner: self.owner.clone(),
-            lease: self.lease,
-        }
-    }
-}
-
-impl<D: Driver> Acquirer<D> {
-    pub(crate) fn new(driver: D) -> Self {
-        Acquirer {
-            driver: Arc::new(driver),
+            driver,
             owner: None,
             lease: None,
         }
@@ -63,7 +60,7 @@ impl<D: Driver> Acquirer<D> {
             .unwrap_or_else(|| Lease::watchdog(self.driver.client().config().watchdog_lease))
     }
 
-    pub(crate) async fn acquire(&self, patience: Patience) -> Result<Option<LockGuard>> {
+    async fn acquire(&self, patience: Patience) -> Result<Option<LockGuard>> {
         let owner = self.owner.clone().unwrap_or_default();
         acquire(self.driver.clone(), owner, self.lease(), patience).await
     }
@@ -71,20 +68,126 @@ impl<D: Driver> Acquirer<D> {
     pub(crate) async fn wait_forever(&self) -> Result<LockGuard> {
         match self.acquire(Patience::Forever).await? {
             Some(guard) => Ok(guard),
-            None => Err(crate::Error::Shutdown),
+            None => Err(Error::Shutdown),
         }
     }
 
+    /// `Duration::ZERO` means one attempt without waiting.
     pub(crate) async fn wait_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        if !timeout.is_zero() {
-            check_duration("timeout", timeout, Duration::from_nanos(1))?;
+        if timeout.is_zero() {
+            return self.acquire(Patience::None).await;
         }
+        check_duration("timeout", timeout, Duration::from_nanos(1))?;
         let deadline = Instant::now() + timeout.min(MAX_DURATION);
-        let patience = if timeout.is_zero() {
-            Patience::None
-        } else {
-            Patience::Until(deadline)
-        };
-        self.acquire(patience).await
+        self.acquire(Patience::Until(deadline)).await
     }
+}
+
+/// Runs a script for a lock and decodes its integer-array reply.
+pub(crate) async fn run_ints(
+    client: &LockClient,
+    script: &Script,
+    lock: &str,
+    keys: Vec<String>,
+    args: Vec<Value>,
+) -> Result<Vec<i64>> {
+    let reply = client.core().run(script, lock, keys, args).await?;
+    int_array(script.name(), reply)
+}
+
+fn unexpected(script: &Script, reply: &[i64]) -> Error {
+    Error::Protocol {
+        script: script.name(),
+        detail: format!("unexpected reply {reply:?}"),
+    }
+}
+
+/// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script).
+pub(crate) fn acquire_reply(
+    client: &LockClient,
+    script: &Script,
+    reply: &[i64],
+) -> Result<Attempt> {
+    match *reply {
+        [1, token, ..] => Ok(Attempt::Acquired {
+            token: token.max(0) as u64,
+        }),
+        [0, ttl, ..] => Ok(Attempt::Busy {
+            ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
+        }),
+        _ => Err(unexpected(script, reply)),
+    }
+}
+
+/// Decodes `{1, left}` / `{0, 0}` / `{-1, 0}` (every release script, see `lua/lib/hold.lua`).
+pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> {
+    match *reply {
+        [1, remaining] => Ok(Released::Yes {
+            remaining: remaining.max(0) as u64,
+        }),
+        [0, _] => Ok(Released::NotHeld(NotHeldReason::Expired)),
+        [-1, _] => Ok(Released::NotHeld(NotHeldReason::HeldByOther)),
+        _ => Err(unexpected(script, reply)),
+    }
+}
+
+/// The ARGV head of every release script: owner, token, op id, all flag, tombstone ttl.
+pub(crate) fn release_args(
+    client: &LockClient,
+    owner: &Owner,
+    token: u64,
+    op: &str,
+    all: bool,
+) -> Vec<Value> {
+    vec![
+        owner.id().into(),
+        token.to_string().into(),
+        op.into(),
+        if all { "1" } else { "0" }.into(),
+        (client.core().tombstone_ttl().as_millis() as i64).into(),
+    ]
+}
+
+/// Decodes `{1}` / `{0}` (force unlock scripts).
+pub(crate) fn flag_reply(script: &Script, reply: &[i64]) -> Result<bool> {
+    match *reply {
+        [flag] => Ok(flag == 1),
+        _ => Err(unexpected(script, reply)),
+    }
+}
+
+/// The state of a lock as seen by [`Mutex::state`](crate::Mutex::state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockState {
+    /// Whether anyone holds the lock.
+    pub locked: bool,
+    /// Hold count of the holder (re-entry depth), 0 when free.
+    pub hold_count: u64,
+    /// Fencing token of the current hold, if held.
+    pub fencing_token: Option<u64>,
+    /// Remaining lease of the current hold, if held.
+    pub remaining: Option<Duration>,
+}
+
+/// Reads a hold hash atomically (`lua/hold_inspect.lua`).
+pub(crate) async fn inspect(driver: &dyn Driver) -> Result<LockState> {
+    let script = &SCRIPTS.hold_inspect;
+    let reply = run_ints(
+        driver.client(),
+        script,
+        driver.keys().name(),
+        vec![driver.renew_key()],
+        vec![],
+    )
+    .await?;
+    let [locked, count, token, ttl] = reply[..] else {
+        return Err(unexpected(script, &reply));
+    };
+    let locked = locked == 1;
+    Ok(LockState {
+        locked,
+        hold_count: count.max(0) as u64,
+        fencing_token: locked.then_some(token.max(0) as u64),
+        remaining: (locked && ttl > 0).then(|| Duration::from_millis(ttl as u64)),
+    })
 }

@@ -1,36 +1,46 @@
-//! [`Mutex`]: an exclusive, reentrant, barging lock.
+//! [`Mutex`]: an exclusive reentrant lock, barging or fair; and the barging driver.
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::types::Value;
-
 use crate::client::LockClient;
 use crate::engine::{Attempt, BoxFuture, Driver, Released};
-use crate::error::{NotHeldReason, Result};
+use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::lease::{clamp_ttl, Lease};
+use crate::lease::Lease;
+use crate::lock::fair::FairDriver;
 use crate::lock::guard::LockGuard;
-use crate::lock::Acquirer;
+use crate::lock::{
+    acquire_reply, flag_reply, inspect, release_args, release_reply, run_ints, Acquirer, LockState,
+};
 use crate::notify::WaitKind;
 use crate::owner::Owner;
-use crate::scripts::{int_array, Script, SCRIPTS};
+use crate::scripts::{Script, SCRIPTS};
 
-/// An exclusive, reentrant distributed lock (Redisson's `RLock`).
+/// An exclusive, reentrant distributed lock (Redisson's `RLock` / `RFairLock`).
 ///
-/// **Ordering.** Barging: whoever asks first after a release gets the lock, queued or not.
-/// Within one process, local waiters are woken in arrival order, one per release. Use
-/// [`FairMutex`](crate::LockClient) (when available) for strict FIFO across processes.
+/// **Ordering.** It depends on how the handle was made:
+///
+/// * [`LockClient::mutex`]: *barging*. After a release, whoever asks first gets the lock,
+///   queued or not. Each process wakes one local waiter per release, in local arrival order.
+///   Fastest hand-off; no fairness across processes.
+/// * [`LockClient::fair_mutex`] ([`FairMutex`]): *strict FIFO* across all processes, in the
+///   order in which acquisitions joined the queue in Redis. [`try_lock`](Self::try_lock) fails
+///   when anyone is queued. A release wakes only the next waiter (no herd). A waiter whose
+///   process died is evicted within [`Config::waiter_lease`](crate::Config::waiter_lease); one
+///   that times out or is cancelled leaves the queue at once and passes the turn on.
+///
+/// A fair lock and a barging lock with the same name are different locks.
 ///
 /// **Re-entry.** A handle without an owner takes every hold under a fresh [`Owner`], so two
 /// tasks sharing a handle exclude each other. A handle bound with [`Mutex::with_owner`]
 /// re-enters: each acquisition adds one to the hold count and each guard released takes one
 /// away; the lock is free when the count reaches zero. The fencing token stays the same across
-/// re-entry.
+/// re-entry. Re-entry never waits, also on a fair lock.
 ///
 /// **Cancellation.** Dropping a pending [`lock`](Self::lock) future leaves nothing behind: no
-/// local waiter, and a hold that its in-flight script took is released at once.
+/// local waiter, no place in a queue, and a hold that its in-flight script took is released.
 ///
 /// **Leases.** By default the hold has a watchdog lease ([`crate::Config::watchdog_lease`],
 /// renewed every third of it while the guard lives); see [`Lease`] for fixed leases and caps.
@@ -45,45 +55,52 @@ use crate::scripts::{int_array, Script, SCRIPTS};
 /// ```
 #[derive(Clone)]
 pub struct Mutex {
-    inner: Acquirer<MutexDriver>,
+    inner: Acquirer,
+    fair: bool,
 }
 
-/// The state of a lock as seen by [`Mutex::state`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockState {
-    /// Whether anyone holds the lock.
-    pub locked: bool,
-    /// Hold count of the holder (re-entry depth), 0 when free.
-    pub hold_count: u64,
-    /// Fencing token of the current hold, if held.
-    pub fencing_token: Option<u64>,
-    /// Remaining lease of the current hold, if held.
-    pub remaining: Option<Duration>,
-}
+/// A [`Mutex`] made by [`LockClient::fair_mutex`]: strict FIFO across processes.
+pub type FairMutex = Mutex;
 
 impl Mutex {
-    pub(crate) fn new(client: LockClient, name: &str) -> Result<Mutex> {
+    pub(crate) fn barging(client: LockClient, name: &str) -> Result<Mutex> {
         let keys = client.keyspace().lock("mutex", name)?;
+        let driver = MutexDriver {
+            hold: keys.key(""),
+            fence: keys.key("fence"),
+            waiters: keys.key("wait"),
+            keys,
+            client,
+        };
         Ok(Mutex {
-            inner: Acquirer::new(MutexDriver {
-                hold: keys.key(""),
-                fence: keys.key("fence"),
-                waiters: keys.key("wait"),
-                keys,
-                client,
-            }),
+            inner: Acquirer::new(Arc::new(driver)),
+            fair: false,
+        })
+    }
+
+    pub(crate) fn fair(client: LockClient, name: &str) -> Result<Mutex> {
+        let keys = client.keyspace().lock("fair", name)?;
+        Ok(Mutex {
+            inner: Acquirer::new(Arc::new(FairDriver::new(client, keys))),
+            fair: true,
         })
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        self.inner.driver.keys.name()
+        self.inner.driver.keys().name()
+    }
+
+    /// Whether this is a fair (FIFO) lock.
+    pub fn is_fair(&self) -> bool {
+        self.fair
     }
 
     /// A handle whose acquisitions are taken under `owner`, so they re-enter each other.
     pub fn with_owner(self, owner: &Owner) -> Mutex {
         Mutex {
             inner: self.inner.with_owner(owner),
+            fair: self.fair,
         }
     }
 
@@ -92,6 +109,7 @@ impl Mutex {
     pub fn with_lease(self, lease: Lease) -> Result<Mutex> {
         Ok(Mutex {
             inner: self.inner.with_lease(lease)?,
+            fair: self.fair,
         })
     }
 
@@ -105,7 +123,8 @@ impl Mutex {
         self.inner.wait_forever().await
     }
 
-    /// One attempt: `Ok(None)` when another owner holds the lock.
+    /// One attempt without waiting: `Ok(None)` when another owner holds the lock (or, for a
+    /// fair lock, when anyone is queued).
     pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
         self.inner.wait_for(Duration::ZERO).await
     }
@@ -122,14 +141,16 @@ impl Mutex {
 
     /// A consistent snapshot of the lock (one script call).
     pub async fn state(&self) -> Result<LockState> {
-        self.inner.driver.state().await
+        inspect(self.inner.driver.as_ref()).await
     }
 
-    /// Frees the lock whoever holds it and wakes a waiter. The fencing counter is not reset.
-    /// Returns whether a hold was removed. The evicted holder's guard learns it through
+    /// Frees the lock whoever holds it and wakes the next waiter. The fencing counter is not
+    /// reset. Returns whether a hold was removed. The evicted holder's guard learns it through
     /// [`LockGuard::lost`] at its next renewal.
     pub async fn force_unlock(&self) -> Result<bool> {
-        self.inner.driver.force_unlock().await
+        let removed = self.inner.driver.force_unlock().await?;
+        tracing::info!(lock = self.name(), removed, "force unlock");
+        Ok(removed)
     }
 }
 
@@ -137,12 +158,13 @@ impl fmt::Debug for Mutex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Mutex")
             .field("name", &self.name())
+            .field("fair", &self.fair)
             .field("owner", &self.owner())
             .finish()
     }
 }
 
-/// Keys and scripts of one mutex.
+/// Keys and scripts of one barging mutex.
 pub(crate) struct MutexDriver {
     client: LockClient,
     keys: LockKeys,
@@ -152,15 +174,6 @@ pub(crate) struct MutexDriver {
 }
 
 impl MutexDriver {
-    async fn run(&self, script: &Script, keys: Vec<String>, args: Vec<Value>) -> Result<Vec<i64>> {
-        let reply = self
-            .client
-            .core()
-            .run(script, self.keys.name(), keys, args)
-            .await?;
-        int_array(script.name(), reply)
-    }
-
     fn event_keys(&self) -> Vec<String> {
         vec![
             self.hold.clone(),
@@ -170,33 +183,13 @@ impl MutexDriver {
         ]
     }
 
-    async fn state(&self) -> Result<LockState> {
-        let script = &SCRIPTS.hold_inspect;
-        let reply = self.run(script, vec![self.hold.clone()], vec![]).await?;
-        let [locked, count, token, ttl] = reply[..] else {
-            return Err(crate::Error::Protocol {
-                script: script.name(),
-                detail: format!("expected 4 integers, got {reply:?}"),
-            });
-        };
-        let locked = locked == 1;
-        Ok(LockState {
-            locked,
-            hold_count: count.max(0) as u64,
-            fencing_token: locked.then_some(token.max(0) as u64),
-            remaining: (locked && ttl > 0).then(|| Duration::from_millis(ttl as u64)),
-        })
-    }
-
-    async fn force_unlock(&self) -> Result<bool> {
-        let script = &SCRIPTS.mutex_force_unlock;
-        let core = self.client.core();
-        let reply = self
-            .run(script, self.event_keys(), core.event_args(&self.keys))
-            .await?;
-        let removed = reply.first() == Some(&1);
-        tracing::info!(lock = self.keys.name(), removed, "force unlock");
-        Ok(removed)
+    async fn run(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<fred::types::Value>,
+    ) -> Result<Vec<i64>> {
+        run_ints(&self.client, script, self.keys.name(), keys, args).await
     }
 }
 
@@ -216,6 +209,7 @@ impl Driver for MutexDriver {
     fn try_acquire(
         self: Arc<Self>,
         owner: Owner,
+        _waiter: Arc<str>,
         op: String,
         lease: Duration,
         waiting: bool,
@@ -239,18 +233,7 @@ impl Driver for MutexDriver {
                     ],
                 )
                 .await?;
-            match reply[..] {
-                [1, token, ..] => Ok(Attempt::Acquired {
-                    token: token.max(0) as u64,
-                }),
-                [0, ttl] => Ok(Attempt::Busy {
-                    ttl: Some(clamp_ttl(ttl, self.client.config().watchdog_lease)),
-                }),
-                _ => Err(crate::Error::Protocol {
-                    script: script.name(),
-                    detail: format!("unexpected reply {reply:?}"),
-                }),
-            }
+            acquire_reply(&self.client, script, &reply)
         })
     }
 
@@ -262,28 +245,20 @@ impl Driver for MutexDriver {
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
         Box::pin(async move {
-            let core = self.client.core();
-            let mut args: Vec<Value> = vec![
-                owner.id().into(),
-                token.to_string().into(),
-                op.into(),
-                if all { "1" } else { "0" }.into(),
-                (core.tombstone_ttl().as_millis() as i64).into(),
-            ];
-            args.extend(core.event_args(&self.keys));
+            let mut args = release_args(&self.client, owner, token, op, all);
+            args.extend(self.client.core().event_args(&self.keys));
             let script = &SCRIPTS.mutex_release;
             let reply = self.run(script, self.event_keys(), args).await?;
-            match reply[..] {
-                [1, remaining] => Ok(Released::Yes {
-                    remaining: remaining.max(0) as u64,
-                }),
-                [0, _] => Ok(Released::NotHeld(NotHeldReason::Expired)),
-                [-1, _] => Ok(Released::NotHeld(NotHeldReason::HeldByOther)),
-                _ => Err(crate::Error::Protocol {
-                    script: script.name(),
-                    detail: format!("unexpected reply {reply:?}"),
-                }),
-            }
+            release_reply(script, &reply)
+        })
+    }
+
+    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(async move {
+            let script = &SCRIPTS.mutex_force_unlock;
+            let args = self.client.core().event_args(&self.keys);
+            let reply = self.run(script, self.event_keys(), args).await?;
+            flag_reply(script, &reply)
         })
     }
 

@@ -1,4 +1,4 @@
--- notify.lua: shared prelude, prepended by src/scripts.rs to every script that emits a
+-- notify.lua: library prelude, prepended by src/scripts.rs to every script that emits a
 -- release event. It is not a script of its own.
 --
 -- fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)

@@ -1,0 +1,44 @@
+-- fair_heartbeat.lua: one client's heartbeat for its queued waiters, batched per hash slot.
+-- Uses lib/queue.lua and lib/notify.lua.
+--
+-- Refreshes each listed waiter's lease, and on every lock that is free evicts dead waiters at
+-- the head; if that uncovers a live head, it is told with a `name` event. Thanks to this, a
+-- waiter that died at the head of a free lock stalls the queue for at most one waiter lease.
+--
+-- KEYS[1] events, KEYS[2] seq (the shard's)
+-- KEYS[3i], KEYS[3i+1], KEYS[3i+2]   hold, queue and alive keys of the i-th lock (i = 1..m)
+-- ARGV[1] waiter lease in ms
+-- ARGV[2] notification mode, ARGV[3] stream max length (see lib/notify.lua)
+-- then for each lock i: its lock id, the number n of waiter ids, and the n waiter ids
+--
+-- Returns one code per waiter id, in order: 1 refreshed, 0 not queued (evicted or already
+-- acquired; an evicted waiter that is still alive re-joins at the tail on its next attempt).
+local lease = tonumber(ARGV[1])
+local now = fl_now()
+local codes = {}
+local arg = 4
+local lock = 1
+while arg <= #ARGV do
+  local hold, queue, alive = KEYS[3 * lock], KEYS[3 * lock + 1], KEYS[3 * lock + 2]
+  local lock_id, n = ARGV[arg], tonumber(ARGV[arg + 1])
+  arg = arg + 2
+  for _ = 1, n do
+    local id = ARGV[arg]
+    arg = arg + 1
+    if redis.call('ZSCORE', alive, id) then
+      redis.call('ZADD', alive, now + lease, id)
+      codes[#codes + 1] = 1
+    else
+      codes[#codes + 1] = 0
+    end
+  end
+  fl_keep(queue, alive, lease)
+  if not redis.call('HGET', hold, 'o') then
+    local head, evicted = fl_head(queue, alive, now)
+    if head and evicted > 0 then
+      fl_emit(KEYS[1], KEYS[2], ARGV[2], ARGV[3], lock_id, 'name', head)
+    end
+  end
+  lock = lock + 1
+end
+return codes

@@ -1,0 +1,24 @@
+-- fair_release.lua: give back one hold (or all holds) of a fair lock; hand the turn to the head.
+-- Uses lib/hold.lua, lib/queue.lua and lib/notify.lua.
+--
+-- KEYS[1] hold, KEYS[2] queue, KEYS[3] alive (see fair_acquire.lua)
+-- KEYS[4] events   the shard's stream or channel
+-- KEYS[5] seq      the shard's event counter
+-- ARGV[1] owner id
+-- ARGV[2] fencing token of the hold being released
+-- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
+-- ARGV[4] "1" to release every hold of the owner at once, "0" to release one
+-- ARGV[5] tombstone ttl in ms (see lib/hold.lua)
+-- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
+--
+-- When the lock becomes free, dead waiters at the head are evicted and one `name` event wakes
+-- the first live waiter only.
+-- Returns {1, holds left} when released, {0, 0} when not held, {-1, 0} when held by another.
+local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+if status == 'freed' then
+  local head = fl_head(KEYS[2], KEYS[3], fl_now())
+  if head then
+    fl_emit(KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], 'name', head)
+  end
+end
+return fl_release_reply(status, left)

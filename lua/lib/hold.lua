@@ -1,0 +1,70 @@
+-- hold.lua: library prelude for every lock whose hold is one owner's reentrant hash, prepended
+-- by src/scripts.rs. Not a script of its own.
+--
+-- A hold is a hash {o = owner id, c = hold count, f = fencing token, r = last op id}. After the
+-- last release the hash is replaced by a tombstone {r} that lives a few seconds, so that a
+-- retried release (same op id) is still answered "released". The fencing counter is a separate
+-- key that never expires.
+--
+-- fl_take(hold, fence, owner, op, lease)          -> {1, token, 1}
+--   Takes a free hold for owner with a new fencing token and a lease in ms.
+-- fl_reenter(hold, owner, op, lease)              -> {1, token, count}
+--   Adds one level of re-entry (owner must hold it); a retried op is answered, not re-applied;
+--   the lease is raised to `lease` if it is shorter.
+-- fl_release(hold, owner, token, op, all, tomb)   -> status, holds left
+--   status: 'partial' (holds left > 0), 'freed' (the hold is gone now), 'retried' (this op was
+--   already applied), 'absent' (nobody holds it), 'other' (another owner or token holds it).
+-- fl_release_reply(status, left)                  -> the reply of a release script:
+--   {1, holds left} released, {0, 0} not held, {-1, 0} held by another owner or token.
+local function fl_take(hold, fence, owner, op, lease)
+  local token = redis.call('INCR', fence)
+  redis.call('DEL', hold)
+  redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
+  redis.call('PEXPIRE', hold, lease)
+  return {1, token, 1}
+end
+
+local function fl_reenter(hold, owner, op, lease)
+  local token = tonumber(redis.call('HGET', hold, 'f'))
+  if redis.call('HGET', hold, 'r') == op then
+    return {1, token, tonumber(redis.call('HGET', hold, 'c'))}
+  end
+  local count = redis.call('HINCRBY', hold, 'c', 1)
+  redis.call('HSET', hold, 'r', op)
+  if redis.call('PTTL', hold) < lease then
+    redis.call('PEXPIRE', hold, lease)
+  end
+  return {1, token, count}
+end
+
+local function fl_release(hold, owner, token, op, all, tomb)
+  local fields = redis.call('HMGET', hold, 'o', 'c', 'f', 'r')
+  local current, count, held_token, last_op = fields[1], tonumber(fields[2]), fields[3], fields[4]
+  if last_op == op then
+    return 'retried', count or 0
+  end
+  if not current then
+    return 'absent', 0
+  end
+  if current ~= owner or held_token ~= token then
+    return 'other', 0
+  end
+  if all ~= '1' and count > 1 then
+    redis.call('HSET', hold, 'c', count - 1, 'r', op)
+    return 'partial', count - 1
+  end
+  -- DEL first: it is never refused under maxmemory, so a release always frees the lock.
+  redis.call('DEL', hold)
+  redis.call('HSET', hold, 'r', op)
+  redis.call('PEXPIRE', hold, tomb)
+  return 'freed', 0
+end
+
+local function fl_release_reply(status, left)
+  if status == 'absent' then
+    return {0, 0}
+  elseif status == 'other' then
+    return {-1, 0}
+  end
+  return {1, left}
+end

@@ -1,0 +1,130 @@
+//! Waiter leases for locks that queue their waiters in Redis (the fair lock).
+//!
+//! A queued waiter must prove it is alive, or a crashed process would stall everyone behind
+//! it. Instead of one timer per waiter, each client keeps a registry of its queued waiters and
+//! ONE heartbeat task that, every third of the waiter lease, refreshes all of them with one
+//! script call per hash slot. The same call evicts dead waiters at the head of free locks and
+//! tells the new head, so a dead head stalls its queue for at most one waiter lease. A waiter
+//! that the heartbeat finds gone from the queue (evicted while its client was paused) is woken
+//! to try again; its next attempt re-joins the queue at the tail.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use fred::types::Value;
+use tokio::sync::watch;
+
+use crate::client::Core;
+use crate::engine::Driver;
+use crate::notify::WakeRule;
+use crate::scripts::int_array;
+
+/// The queued waiters of one client, by waiter id.
+#[derive(Default)]
+pub(crate) struct QueuedWaiters {
+    waiters: DashMap<Arc<str>, Arc<dyn Driver>>,
+}
+
+impl QueuedWaiters {
+    pub(crate) fn join(&self, waiter: Arc<str>, driver: Arc<dyn Driver>) {
+        self.waiters.insert(waiter, driver);
+    }
+
+    pub(crate) fn leave(&self, waiter: &Arc<str>) {
+        self.waiters.remove(waiter);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.waiters.len()
+    }
+}
+
+/// Most locks per heartbeat call (keeps each script short).
+const MAX_LOCKS_PER_CALL: usize = 128;
+
+/// The heartbeat task: runs until shutdown.
+pub(crate) async fn run_heartbeat(core: Arc<Core>, mut shutdown: watch::Receiver<bool>) {
+    let period = core.config.waiter_lease / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(period) => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        beat(&core).await;
+    }
+}
+
+/// One heartbeat round over every queued waiter of the client.
+async fn beat(core: &Arc<Core>) {
+    // shard -> lock id -> (driver, waiter ids)
+    type Locks = HashMap<Arc<str>, (Arc<dyn Driver>, Vec<Arc<str>>)>;
+    let mut shards: HashMap<u16, Locks> = HashMap::new();
+    for entry in core.queued.waiters.iter() {
+        let driver = entry.value();
+        let keys = driver.keys();
+        shards
+            .entry(keys.shard())
+            .or_default()
+            .entry(keys.id().clone())
+            .or_insert_with(|| (driver.clone(), Vec::new()))
+            .1
+            .push(entry.key().clone());
+    }
+    let mut calls = tokio::task::JoinSet::new();
+    for (_, locks) in shards {
+        let locks: Vec<_> = locks.into_values().collect();
+        for chunk in locks.chunks(MAX_LOCKS_PER_CALL) {
+            calls.spawn(beat_shard(core.clone(), chunk.to_vec()));
+        }
+    }
+    while calls.join_next().await.is_some() {}
+}
+
+/// Refreshes the waiters of up to [`MAX_LOCKS_PER_CALL`] locks of one shard.
+async fn beat_shard(core: Arc<Core>, locks: Vec<(Arc<dyn Driver>, Vec<Arc<str>>)>) {
+    let Some((script, _)) = locks.first().and_then(|(driver, _)| driver.wait_queue()) else {
+        return;
+    };
+    let Some((first, _)) = locks.first() else {
+        return;
+    };
+    let mut keys = vec![
+        first.keys().events().to_owned(),
+        first.keys().seq().to_owned(),
+    ];
+    let mut args: Vec<Value> = vec![(core.config.waiter_lease.as_millis() as i64).into()];
+    args.extend(core.event_args_mode());
+    for (driver, waiters) in &locks {
+        if let Some((_, lock_keys)) = driver.wait_queue() {
+            keys.extend(lock_keys);
+        }
+        args.push(driver.keys().id().as_ref().into());
+        args.push((waiters.len() as i64).into());
+        args.extend(waiters.iter().map(|w| Value::from(w.as_ref())));
+    }
+    let reply = core
+        .run(script, first.keys().name(), keys, args)
+        .await
+        .and_then(|value| int_array(script.name(), value));
+    match reply {
+        Ok(codes) => {
+            let waiters = locks
+                .iter()
+                .flat_map(|(driver, ids)| ids.iter().map(move |id| (driver, id)));
+            for ((driver, waiter), code) in waiters.zip(codes) {
+                if code == 0 {
+                    // Not queued any more: let it try again (and re-join if still waiting).
+                    core.waiters
+                        .dispatch(driver.keys().id(), &WakeRule::Named(waiter.to_string()));
+                }
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, locks = locks.len(), "waiter heartbeat failed; retrying next round")
+        }
+    }
+}
