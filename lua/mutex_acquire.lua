@@ -10,10 +10,14 @@
 -- ARGV[4] waiter grace in ms: when busy and > 0, keep the marker alive for PTTL + grace
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
---         {0, remaining ttl of the hold in ms} when another owner holds the lock.
+--         {0, remaining ttl of the hold in ms} when another owner holds the lock,
+--         a WRONGTYPE error when the marker key holds a foreign value (nothing is changed).
 local hold, fence, waiters = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 
+if not fl_marker_ok(waiters) then
+  return redis.error_reply('WRONGTYPE the waiter marker holds a foreign value')
+end
 local current = redis.call('HGET', hold, 'o')
 if not current then
   return fl_take(hold, fence, owner, op, lease)
@@ -23,7 +27,7 @@ if current == owner then
 end
 
 local ttl = redis.call('PTTL', hold)
-if grace > 0 and ttl > 0 then
+if grace > 0 and ttl > 0 and fl_marker_ok(waiters) then
   local want = ttl + grace
   if redis.call('PTTL', waiters) < want then
     redis.call('SET', waiters, '1', 'PX', want)

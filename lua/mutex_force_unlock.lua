@@ -6,6 +6,9 @@
 --
 -- Returns {1} when a hold was removed, {0} when the lock was free.
 local hold, waiters = KEYS[1], KEYS[2]
+if not fl_marker_ok(waiters) then
+  return redis.error_reply('WRONGTYPE the waiter marker holds a foreign value')
+end
 if not redis.call('HGET', hold, 'o') then
   return {0}
 end

@@ -46,7 +46,10 @@ pub(crate) struct Core {
     pub(crate) queued: QueuedWaiters,
     /// Acquire calls whose caller went away and that are being finished in the background.
     pub(crate) orphans: Arc<AtomicUsize>,
+    /// No new acquisitions (shutdown started).
     closed: AtomicBool,
+    /// Connections closed: every command fails at once with [`Error::Shutdown`].
+    hung_up: AtomicBool,
 }
 
 impl Core {
@@ -58,6 +61,9 @@ impl Core {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value> {
+        if self.hung_up.load(Ordering::Acquire) {
+            return Err(Error::Shutdown);
+        }
         let first_key = keys.first().cloned().unwrap_or_default();
         script
             .run(&self.redis, keys, args)
@@ -246,6 +252,7 @@ impl LockClient {
             queued: QueuedWaiters::default(),
             orphans: Arc::default(),
             closed: AtomicBool::new(false),
+            hung_up: AtomicBool::new(false),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let reader = crate::notify::Reader {
@@ -355,6 +362,7 @@ impl LockClient {
         for task in tasks {
             let _ = tokio::time::timeout(inner.core.config.command_timeout, task).await;
         }
+        inner.core.hung_up.store(true, Ordering::Release);
         hang_up_notifier(&inner.notifier).await;
         if inner.owns_command_connection {
             let _ = inner.core.redis.quit().await;

@@ -58,12 +58,14 @@ pub enum Error {
     /// Authentication was refused (wrong password or ACL user).
     #[error("Redis refused authentication: {0}")]
     Auth(#[source] fred::error::Error),
-    /// A key the lock uses holds a value of another type (`WRONGTYPE`): something else wrote it.
-    #[error("key {key:?} of lock {lock:?} holds a value of the wrong type")]
+    /// One of the keys the lock uses (its hold, fencing counter, waiter marker or queue) holds
+    /// a value that fredlock did not write: another type (`WRONGTYPE`) or a non-numeric
+    /// counter. The script changed nothing; the foreign value is left alone.
+    #[error("a key of lock {lock:?} (hold key {key:?} or one beside it) holds a foreign value")]
     WrongType {
         /// The lock whose key is damaged.
         lock: String,
-        /// The first key of the script that failed.
+        /// The lock's main key; the damaged key is this one or one of its siblings.
         key: String,
     },
     /// Redis is out of memory (`maxmemory` reached); the script changed nothing.
@@ -101,7 +103,7 @@ impl Error {
     pub(crate) fn from_redis(err: fred::error::Error, lock: &str, key: &str) -> Error {
         use fred::error::ErrorKind;
         let details = err.details();
-        if details.contains("WRONGTYPE") {
+        if details.contains("WRONGTYPE") || details.contains("not an integer") {
             return Error::WrongType {
                 lock: lock.to_owned(),
                 key: key.to_owned(),

@@ -61,7 +61,7 @@ pub(crate) async fn run_heartbeat(core: Arc<Core>, mut shutdown: watch::Receiver
 /// One heartbeat round over every queued waiter of the client.
 async fn beat(core: &Arc<Core>) {
     // shard -> lock id -> (driver, waiter ids)
-    type Locks = HashMap<Arc<str>, (Arc<dyn Driver>, Vec<Arc<str>>)>;
+    type Locks = HashMap<Arc<str>, LockWaiters>;
     let mut shards: HashMap<u16, Locks> = HashMap::new();
     for entry in core.queued.waiters.iter() {
         let driver = entry.value();
@@ -85,7 +85,10 @@ async fn beat(core: &Arc<Core>) {
 }
 
 /// Refreshes the waiters of up to [`MAX_LOCKS_PER_CALL`] locks of one shard.
-async fn beat_shard(core: Arc<Core>, locks: Vec<(Arc<dyn Driver>, Vec<Arc<str>>)>) {
+/// The waiters of one lock in one heartbeat call.
+type LockWaiters = (Arc<dyn Driver>, Vec<Arc<str>>);
+
+async fn beat_shard(core: Arc<Core>, locks: Vec<LockWaiters>) {
     let Some((script, _)) = locks.first().and_then(|(driver, _)| driver.wait_queue()) else {
         return;
     };

@@ -103,7 +103,7 @@ macro_rules! scripts {
 scripts! {
     mutex_acquire: [HOLD],
     mutex_release: [HOLD, NOTIFY],
-    mutex_force_unlock: [NOTIFY],
+    mutex_force_unlock: [HOLD, NOTIFY],
     fair_acquire: [HOLD, QUEUE, NOTIFY],
     fair_release: [HOLD, QUEUE, NOTIFY],
     fair_leave: [QUEUE, NOTIFY],

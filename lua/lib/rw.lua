@@ -1,0 +1,68 @@
+-- rw.lua: library prelude for the read-write lock, prepended by src/scripts.rs (after
+-- lib/queue.lua, whose fl_now it uses). Not a script of its own.
+--
+-- State of one read-write lock:
+--   hold hash H    w = writer owner, wc = write count, wf = write fencing token,
+--                  we = write lease end (server ms); per reader owner X: rc:X = read count,
+--                  rt:X = read token; per owner X with holds: op:X = last op id of X
+--   readers ZSET R reader owner -> lease end (server ms): each read hold expires on its own
+--   done ZSET D    op ids of final releases -> end of their retry window (answers retries)
+-- Key TTLs only collect garbage: they follow the latest lease end plus the retry window.
+--
+-- fl_rw_purge(H, R, now)        -> writer owner or false, number of live reader owners;
+--                                  drops expired write and read holds first
+-- fl_rw_keep(H, R, now, tomb)   -> sets the key TTLs after a change
+-- fl_rw_holds(H, owner)         -> true if owner still has a read or write hold
+-- fl_rw_done(H, D, owner, op, now, tomb) -> records op as owner's last op; if owner has no hold
+--                                  left, forgets its op field and remembers op in D instead
+local function fl_rw_purge(H, R, now)
+  local expired = redis.call('ZRANGEBYSCORE', R, '-inf', now)
+  for _, owner in ipairs(expired) do
+    redis.call('HDEL', H, 'rc:' .. owner, 'rt:' .. owner, 'op:' .. owner)
+  end
+  if #expired > 0 then
+    redis.call('ZREMRANGEBYSCORE', R, '-inf', now)
+  end
+  local writer = redis.call('HGET', H, 'w')
+  if writer and tonumber(redis.call('HGET', H, 'we')) <= now then
+    redis.call('HDEL', H, 'w', 'wc', 'wf', 'we')
+    if not redis.call('HGET', H, 'rc:' .. writer) then
+      redis.call('HDEL', H, 'op:' .. writer)
+    end
+    writer = false
+  end
+  return writer, redis.call('ZCARD', R)
+end
+
+local function fl_rw_keep(H, R, now, tomb)
+  local last = tonumber(redis.call('HGET', H, 'we') or 0)
+  local top = redis.call('ZRANGE', R, -1, -1, 'WITHSCORES')
+  if top[2] and tonumber(top[2]) > last then
+    last = tonumber(top[2])
+  end
+  local ttl = last - now + tomb
+  if ttl < tomb then
+    ttl = tomb
+  end
+  if redis.call('EXISTS', H) == 1 then
+    redis.call('PEXPIRE', H, ttl)
+  end
+  if redis.call('EXISTS', R) == 1 then
+    redis.call('PEXPIRE', R, ttl)
+  end
+end
+
+local function fl_rw_holds(H, owner)
+  return redis.call('HGET', H, 'w') == owner or redis.call('HEXISTS', H, 'rc:' .. owner) == 1
+end
+
+local function fl_rw_done(H, D, owner, op, now, tomb)
+  if fl_rw_holds(H, owner) then
+    redis.call('HSET', H, 'op:' .. owner, op)
+  else
+    redis.call('HDEL', H, 'op:' .. owner)
+    redis.call('ZREMRANGEBYSCORE', D, '-inf', now)
+    redis.call('ZADD', D, now + tomb, op)
+    redis.call('PEXPIRE', D, tomb)
+  end
+end

@@ -1,0 +1,131 @@
+-- rw_acquire.lua: take or re-enter a read or write hold of a read-write lock, or queue for it.
+-- Uses lib/queue.lua, lib/rw.lua and lib/notify.lua.
+--
+-- Writers: a write hold needs no live writer (except the owner itself: re-entry) and no reader,
+-- and the writer must be first in the queue. An owner holding a read hold is refused at once
+-- (no upgrade). Readers: a read hold needs no live writer (except the owner itself: downgrade)
+-- and no live writer queued ahead of the reader, so once a writer waits, new readers queue
+-- behind it (writer-starvation prevention). Dead writers met in the queue are dropped.
+--
+-- KEYS[1] hold H, KEYS[2] readers R (see lib/rw.lua)
+-- KEYS[3] fence    fencing counter; never expires, never reset
+-- KEYS[4] queue    LIST of waiter ids, writers prefixed "w", readers "r" (see lib/queue.lua)
+-- KEYS[5] alive    ZSET waiter id -> waiter lease end
+-- ARGV[1] owner id
+-- ARGV[2] lease in ms (> 0)
+-- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
+-- ARGV[4] waiter id of this acquisition
+-- ARGV[5] waiter lease in ms; 0 for a try that must not join the queue
+-- ARGV[6] "read" or "write"
+-- ARGV[7] retry window in ms (key TTL margin, see lib/rw.lua)
+--
+-- Returns {1, fencing token, hold count} when acquired or re-entered (a read hold's token is
+--         the fencing counter when the owner's read hold began),
+--         {0, ms to wait at most before trying again} when it must wait,
+--         {-2} when the owner holds a read hold and asked for a write hold.
+local H, R, F, Q, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owner, lease, op, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local waiter_lease, mode, tomb = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
+local now = fl_now()
+local writer, readers = fl_rw_purge(H, R, now)
+
+local function granted(token, count)
+  redis.call('HSET', H, 'op:' .. owner, op)
+  fl_rw_keep(H, R, now, tomb)
+  return {1, token, count}
+end
+
+local function write_reply()
+  return {1, tonumber(redis.call('HGET', H, 'wf')), tonumber(redis.call('HGET', H, 'wc'))}
+end
+
+local function read_reply()
+  return {1, tonumber(redis.call('HGET', H, 'rt:' .. owner)), tonumber(redis.call('HGET', H, 'rc:' .. owner))}
+end
+
+if redis.call('HGET', H, 'op:' .. owner) == op then
+  if mode == 'write' then
+    return write_reply()
+  end
+  return read_reply()
+end
+
+local function take_read(token)
+  redis.call('HSET', H, 'rc:' .. owner, 1, 'rt:' .. owner, token)
+  redis.call('ZADD', R, now + lease, owner)
+  return granted(token, 1)
+end
+
+-- May a reader with waiter id `id` go? Only if no live writer is queued ahead of it.
+local function reader_may_go()
+  local entries = redis.call('LRANGE', Q, 0, -1)
+  for _, entry in ipairs(entries) do
+    if entry == id then
+      return true
+    end
+    if string.sub(entry, 1, 1) == 'w' then
+      local expiry = redis.call('ZSCORE', A, entry)
+      if expiry and tonumber(expiry) > now then
+        return false
+      end
+      redis.call('LREM', Q, 1, entry)
+      redis.call('ZREM', A, entry)
+    end
+  end
+  return true
+end
+
+if mode == 'write' then
+  if writer == owner then
+    local count = redis.call('HINCRBY', H, 'wc', 1)
+    if tonumber(redis.call('HGET', H, 'we')) < now + lease then
+      redis.call('HSET', H, 'we', now + lease)
+    end
+    return granted(tonumber(redis.call('HGET', H, 'wf')), count)
+  end
+  if redis.call('HEXISTS', H, 'rc:' .. owner) == 1 then
+    return {-2}
+  end
+  if not writer and readers == 0 then
+    local head = fl_head(Q, A, now)
+    if not head or head == id then
+      if head then
+        fl_dequeue(Q, A, id)
+      end
+      local token = redis.call('INCR', F)
+      redis.call('HSET', H, 'w', owner, 'wc', 1, 'wf', token, 'we', now + lease)
+      return granted(token, 1)
+    end
+  end
+else
+  if redis.call('HEXISTS', H, 'rc:' .. owner) == 1 then
+    local count = redis.call('HINCRBY', H, 'rc:' .. owner, 1)
+    if tonumber(redis.call('ZSCORE', R, owner)) < now + lease then
+      redis.call('ZADD', R, now + lease, owner)
+    end
+    return granted(tonumber(redis.call('HGET', H, 'rt:' .. owner)), count)
+  end
+  if writer == owner then
+    return take_read(tonumber(redis.call('HGET', H, 'wf')))
+  end
+  if not writer and reader_may_go() then
+    fl_leave(Q, A, id)
+    return take_read(tonumber(redis.call('GET', F) or 0))
+  end
+end
+
+if waiter_lease > 0 then
+  fl_enqueue(Q, A, id, now, waiter_lease)
+end
+local wait
+if writer then
+  wait = tonumber(redis.call('HGET', H, 'we')) - now
+elseif mode == 'write' and readers > 0 then
+  wait = tonumber(redis.call('ZRANGE', R, -1, -1, 'WITHSCORES')[2]) - now
+else
+  wait = math.max(waiter_lease, 1000)
+end
+if wait < 1 then
+  wait = 1
+end
+return {0, wait}

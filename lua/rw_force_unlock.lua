@@ -1,0 +1,15 @@
+-- rw_force_unlock.lua: free a read-write lock of all its holds (administrative).
+-- Uses lib/notify.lua. The fencing counter is left alone.
+--
+-- KEYS[1] hold H, KEYS[2] readers R, KEYS[3] queue, KEYS[4] events, KEYS[5] seq
+-- ARGV[1] notification mode, ARGV[2] stream max length, ARGV[3] lock id (see lib/notify.lua)
+--
+-- Returns {1} when any hold was removed, {0} when the lock was free.
+local removed = redis.call('DEL', KEYS[1], KEYS[2])
+if removed > 0 and redis.call('LLEN', KEYS[3]) > 0 then
+  fl_emit(KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], 'chain', '')
+end
+if removed > 0 then
+  return {1}
+end
+return {0}

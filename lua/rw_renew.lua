@@ -1,0 +1,42 @@
+-- rw_renew.lua: renew (or extend) a batch of read and write holds, all in one hash slot.
+-- Uses lib/queue.lua and lib/rw.lua.
+--
+-- KEYS[2i-1], KEYS[2i]    hold H and readers R of the i-th hold's lock (see lib/rw.lua)
+-- ARGV[1]                 lease in ms: each renewed hold ends this long from now
+-- ARGV[3i-1], ARGV[3i], ARGV[3i+1]   "read" or "write", owner id and fencing token of hold i
+--
+-- Returns one code per hold: 1 renewed, 0 gone (expired or deleted), -2 the owner holds it
+-- under another token (this hold was lost meanwhile). A read hold never blocks renewing another
+-- reader's hold, and renewing one never extends another.
+local lease = tonumber(ARGV[1])
+local now = fl_now()
+local codes = {}
+for i = 1, #KEYS / 2 do
+  local H, R = KEYS[2 * i - 1], KEYS[2 * i]
+  local mode, owner, token = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  local writer = fl_rw_purge(H, R, now)
+  if mode == 'write' then
+    if writer ~= owner then
+      codes[i] = 0
+    elseif redis.call('HGET', H, 'wf') ~= token then
+      codes[i] = -2
+    else
+      redis.call('HSET', H, 'we', now + lease)
+      codes[i] = 1
+    end
+  else
+    local held = redis.call('HGET', H, 'rt:' .. owner)
+    if not held then
+      codes[i] = 0
+    elseif held ~= token then
+      codes[i] = -2
+    else
+      redis.call('ZADD', R, now + lease, owner)
+      codes[i] = 1
+    end
+  end
+  if codes[i] == 1 then
+    fl_rw_keep(H, R, now, lease)
+  end
+end
+return codes
