@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::keys::{Keyspace, LockKeys};
 use crate::lease::{run_release_worker, run_watchdog, HoldRegistry, LostCause, ReleaseJob};
 use crate::lock::mutex::{FairMutex, Mutex};
+use crate::lock::rwlock::RwLock;
 use crate::notify::{pubsub, stream, WaiterTable};
 use crate::queue::{run_heartbeat, QueuedWaiters};
 use crate::scripts::Script;
@@ -311,6 +312,11 @@ impl LockClient {
     /// A fair lock and a barging lock of the same name are different locks.
     pub fn fair_mutex(&self, name: &str) -> Result<FairMutex> {
         Mutex::fair(self.clone(), name)
+    }
+
+    /// A read-write lock handle (see [`RwLock`]). Validates the name; no Redis call.
+    pub fn rwlock(&self, name: &str) -> Result<RwLock> {
+        RwLock::new(self.clone(), name)
     }
 
     /// The configuration in use.

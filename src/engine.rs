@@ -90,8 +90,16 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>>;
     /// The script that renews holds of this kind (see `lua/hold_renew.lua` for its contract).
     fn renew_script(&self) -> &'static Script;
-    /// The key passed to the renew script for this lock.
-    fn renew_key(&self) -> String;
+    /// The keys this lock passes to its renew script for one hold.
+    fn renew_keys(&self) -> Vec<String>;
+    /// The arguments this lock passes to its renew script for one hold.
+    fn renew_args(&self, owner: &Owner, token: u64) -> Vec<fred::types::Value> {
+        vec![owner.id().into(), token.to_string().into()]
+    }
+    /// Prefix of this lock's waiter ids (the read-write lock tells readers from writers by it).
+    fn waiter_prefix(&self) -> &'static str {
+        ""
+    }
     /// For locks that queue waiters in Redis: the heartbeat script (see
     /// `lua/fair_heartbeat.lua` for its contract) and this lock's hold, queue and alive keys.
     fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
@@ -139,7 +147,7 @@ async fn acquire_loop(
     let keys = driver.keys().clone();
 
     let waiting = patience != Patience::None;
-    let waiter: Arc<str> = op_id().into();
+    let waiter: Arc<str> = format!("{}{}", driver.waiter_prefix(), op_id()).into();
     let registration = waiting.then(|| {
         client
             .waiters()

@@ -357,38 +357,52 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
     }
 }
 
-/// Renews one batch and applies each result to its hold.
-async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
-    let Some((first, lease)) = holds.first().cloned() else {
-        return;
+/// One renew script call for holds that share a script and a hash slot: each gets `lease`
+/// from now. Returns one code per hold (see `lua/hold_renew.lua`).
+pub(crate) async fn renew(core: &Core, holds: &[&Arc<Hold>], lease: Duration) -> Result<Vec<i64>> {
+    let Some(first) = holds.first() else {
+        return Ok(Vec::new());
     };
     let script: &Script = first.driver.renew_script();
-    let keys: Vec<String> = holds.iter().map(|(h, _)| h.driver.renew_key()).collect();
+    let mut keys = Vec::with_capacity(holds.len());
     let mut args: Vec<Value> = vec![(lease.as_millis() as i64).into()];
-    for (hold, _) in &holds {
-        args.push(hold.owner.id().into());
-        args.push(hold.token.to_string().into());
+    for hold in holds {
+        keys.extend(hold.driver.renew_keys());
+        args.extend(hold.driver.renew_args(&hold.owner, hold.token));
     }
+    let reply = core
+        .run(script, first.driver.keys().name(), keys, args)
+        .await?;
+    int_array(script.name(), reply)
+}
+
+/// Applies a renew code to its hold.
+pub(crate) fn apply_renewal(hold: &Hold, code: i64, sent_at: Instant, lease: Duration) {
+    match code {
+        1 => hold.renewed(sent_at, lease),
+        0 => hold.mark_lost(LostCause::KeyDeleted),
+        -1 => hold.mark_lost(LostCause::OwnerChanged),
+        _ => hold.mark_lost(LostCause::TokenChanged),
+    }
+}
+
+/// Renews one batch and applies each result to its hold.
+async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
+    let Some((_, lease)) = holds.first() else {
+        return;
+    };
+    let lease = *lease;
     let sent_at = Instant::now();
     let span = tracing::debug_span!(
         "renew",
         holds = holds.len(),
         lease_ms = lease.as_millis() as u64
     );
-    let reply = core
-        .run(script, first.driver.keys().name(), keys, args)
-        .instrument(span)
-        .await
-        .and_then(|value| int_array(script.name(), value));
-    match reply {
+    let refs: Vec<&Arc<Hold>> = holds.iter().map(|(hold, _)| hold).collect();
+    match renew(&core, &refs, lease).instrument(span).await {
         Ok(codes) => {
             for ((hold, lease), code) in holds.iter().zip(codes) {
-                match code {
-                    1 => hold.renewed(sent_at, *lease),
-                    0 => hold.mark_lost(LostCause::KeyDeleted),
-                    -1 => hold.mark_lost(LostCause::OwnerChanged),
-                    _ => hold.mark_lost(LostCause::TokenChanged),
-                }
+                apply_renewal(hold, code, sent_at, *lease);
             }
             tracing::trace!(holds = holds.len(), "renewed");
         }

@@ -29,6 +29,8 @@
 //!   default choice: fastest hand-off.
 //! * [`FairMutex`] ([`LockClient::fair_mutex`]): the same, but strictly first-come,
 //!   first-served across all processes, with dead waiters evicted within a waiter lease.
+//! * [`RwLock`] ([`LockClient::rwlock`]): many readers or one writer; once a writer waits, new
+//!   readers queue behind it; per-hold leases; downgrade, no upgrade.
 //!
 //! ## Guarantees
 //!
@@ -71,6 +73,7 @@ pub use keys::MAX_NAME_LEN;
 pub use lease::{Lease, LostCause};
 pub use lock::guard::LockGuard;
 pub use lock::mutex::{FairMutex, Mutex};
+pub use lock::rwlock::{ReadGuard, RwLock, RwLockState, WriteGuard};
 pub use lock::LockState;
 pub use owner::Owner;
 

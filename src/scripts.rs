@@ -65,6 +65,7 @@ impl Script {
 const NOTIFY: &str = include_str!("../lua/lib/notify.lua");
 const HOLD: &str = include_str!("../lua/lib/hold.lua");
 const QUEUE: &str = include_str!("../lua/lib/queue.lua");
+const RW: &str = include_str!("../lua/lib/rw.lua");
 
 macro_rules! scripts {
     ($($field:ident: [$($lib:ident),*]),* $(,)?) => {
@@ -89,6 +90,7 @@ macro_rules! scripts {
             ("notify", NOTIFY),
             ("hold", HOLD),
             ("queue", QUEUE),
+            ("rw", RW),
         ];
 
         impl Scripts {
@@ -109,6 +111,11 @@ scripts! {
     fair_leave: [QUEUE, NOTIFY],
     fair_heartbeat: [QUEUE, NOTIFY],
     fair_force_unlock: [QUEUE, NOTIFY],
+    rw_acquire: [QUEUE, RW, NOTIFY],
+    rw_release: [QUEUE, RW, NOTIFY],
+    rw_renew: [QUEUE, RW],
+    rw_inspect: [QUEUE],
+    rw_force_unlock: [NOTIFY],
     hold_renew: [],
     hold_inspect: [],
 }
@@ -139,7 +146,7 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library = ["notify", "hold", "queue"].contains(file);
+            let library = ["notify", "hold", "queue", "rw"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");

@@ -135,8 +135,8 @@ impl Driver for FairDriver {
         &SCRIPTS.hold_renew
     }
 
-    fn renew_key(&self) -> String {
-        self.hold.clone()
+    fn renew_keys(&self) -> Vec<String> {
+        vec![self.hold.clone()]
     }
 
     fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {

@@ -5,15 +5,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::types::Value;
 use tokio::time::Instant;
 
 use crate::client::LockClient;
 use crate::engine::Released;
 use crate::error::{Error, NotHeldReason, Result};
-use crate::lease::{check_extension, Hold, LostCause, ReleaseJob};
+use crate::lease::{check_extension, renew, Hold, LostCause, ReleaseJob};
 use crate::owner::{op_id, Owner};
-use crate::scripts::int_array;
 
 /// Proof of one hold on a lock. Returned by every acquire method of every lock type.
 ///
@@ -105,24 +103,9 @@ impl LockGuard {
     /// watchdog lease again.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         check_extension(lease)?;
-        let driver = &self.hold.driver;
-        let script = driver.renew_script();
         let sent_at = Instant::now();
-        let reply = self
-            .client
-            .core()
-            .run(
-                script,
-                self.name(),
-                vec![driver.renew_key()],
-                vec![
-                    Value::from(lease.as_millis() as i64),
-                    self.hold.owner.id().into(),
-                    self.hold.token.to_string().into(),
-                ],
-            )
-            .await?;
-        match int_array(script.name(), reply)?.first() {
+        let codes = renew(self.client.core(), &[&self.hold], lease).await?;
+        match codes.first() {
             Some(1) => {
                 self.hold.renewed(sent_at, lease);
                 tracing::debug!(

@@ -7,6 +7,7 @@
 pub(crate) mod fair;
 pub(crate) mod guard;
 pub(crate) mod mutex;
+pub(crate) mod rwlock;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -176,7 +177,7 @@ pub(crate) async fn inspect(driver: &dyn Driver) -> Result<LockState> {
         driver.client(),
         script,
         driver.keys().name(),
-        vec![driver.renew_key()],
+        driver.renew_keys(),
         vec![],
     )
     .await?;

@@ -266,7 +266,7 @@ impl Driver for MutexDriver {
         &SCRIPTS.hold_renew
     }
 
-    fn renew_key(&self) -> String {
-        self.hold.clone()
+    fn renew_keys(&self) -> Vec<String> {
+        vec![self.hold.clone()]
     }
 }

@@ -42,7 +42,6 @@ pub(crate) enum WaitKind {
     /// Needs the lock alone (mutex, write).
     Exclusive,
     /// Can share the lock with others of its kind (read).
-    #[allow(dead_code)] // used by the read-write lock
     Shared,
 }
 

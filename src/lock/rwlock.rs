@@ -1,0 +1,385 @@
+//! [`RwLock`]: many readers or one writer, with writer-starvation prevention.
+//!
+//! Like Curator's read-write lock, it is two locks over one state with different rules: a
+//! [`RwDriver`] in read mode and one in write mode, both on the same keys (see
+//! `lua/lib/rw.lua`). Waiters of both kinds share one queue in Redis.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+
+use crate::client::LockClient;
+use crate::engine::{Attempt, BoxFuture, Driver, Released};
+use crate::error::{Error, Result};
+use crate::keys::LockKeys;
+use crate::lease::Lease;
+use crate::lock::guard::LockGuard;
+use crate::lock::{acquire_reply, flag_reply, release_args, release_reply, run_ints, Acquirer};
+use crate::notify::WaitKind;
+use crate::owner::Owner;
+use crate::scripts::{Script, SCRIPTS};
+
+/// A distributed read-write lock (Redisson's `RReadWriteLock`, done with fair hand-offs).
+///
+/// **Ordering.** Many readers or one writer. Waiters of both kinds queue in Redis in arrival
+/// order. A writer gets the lock when it is free and the writer is first in the queue. A reader
+/// gets it when no writer holds it and no live writer is queued ahead of it: so once a writer
+/// waits, new readers queue behind it and the writer cannot starve. A waiting writer whose
+/// process died is dropped within [`Config::waiter_lease`](crate::Config::waiter_lease).
+///
+/// **Wakeups.** A write release (and the write half of a downgrade) and the release of the last
+/// read hold each emit one event; every process wakes the head of its local queue and, when
+/// that is a reader, the readers directly behind it (a writer stops the chain).
+///
+/// **Re-entry, downgrade, no upgrade.** Bind the handle to an [`Owner`] to re-enter. A writer
+/// may take read holds (downgrade) and keep them after its write unlock. An owner holding a read
+/// hold that asks for a write hold gets [`Error::UpgradeNotSupported`] at once (waiting would
+/// deadlock on itself).
+///
+/// **Leases.** Every hold has its own lease: one reader's expiry never extends or cuts
+/// another's, and a crashed reader's hold ends alone. The watchdog renews each live hold.
+///
+/// **Fencing tokens.** A write hold gets a new token, strictly greater than every earlier one.
+/// A read hold carries the fencing counter as it was when the owner's read hold began (the
+/// token of the latest write hold by then): equal for concurrent readers, never decreasing, and
+/// always lower than the token of any write hold that starts after it.
+///
+/// **Cancellation.** As for [`Mutex`](crate::Mutex): a dropped acquisition leaves no trace.
+#[derive(Clone)]
+pub struct RwLock {
+    read: Acquirer,
+    write: Acquirer,
+}
+
+/// Guard of a read hold.
+pub type ReadGuard = LockGuard;
+/// Guard of a write hold.
+pub type WriteGuard = LockGuard;
+
+/// The state of a read-write lock as seen by [`RwLock::state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RwLockState {
+    /// Whether a writer holds the lock.
+    pub write_locked: bool,
+    /// The writer's hold count (re-entry depth), 0 without writer.
+    pub write_hold_count: u64,
+    /// Fencing token of the current write hold, if any.
+    pub fencing_token: Option<u64>,
+    /// Number of owners holding read holds.
+    pub readers: u64,
+    /// Time until the last live hold ends, if any.
+    pub remaining: Option<Duration>,
+}
+
+impl RwLock {
+    pub(crate) fn new(client: LockClient, name: &str) -> Result<RwLock> {
+        let keys = client.keyspace().lock("rw", name)?;
+        let driver = |mode| Arc::new(RwDriver::new(client.clone(), keys.clone(), mode));
+        Ok(RwLock {
+            read: Acquirer::new(driver(Mode::Read)),
+            write: Acquirer::new(driver(Mode::Write)),
+        })
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.read.driver.keys().name()
+    }
+
+    /// A handle whose holds are taken under `owner` (re-entry, downgrade).
+    pub fn with_owner(self, owner: &Owner) -> RwLock {
+        RwLock {
+            read: self.read.with_owner(owner),
+            write: self.write.with_owner(owner),
+        }
+    }
+
+    /// A handle whose holds use `lease` (see [`Lease`]).
+    pub fn with_lease(self, lease: Lease) -> Result<RwLock> {
+        Ok(RwLock {
+            read: self.read.with_lease(lease)?,
+            write: self.write.with_lease(lease)?,
+        })
+    }
+
+    /// The owner this handle is bound to, if any.
+    pub fn owner(&self) -> Option<&Owner> {
+        self.read.owner()
+    }
+
+    /// Waits for a read hold.
+    pub async fn read(&self) -> Result<ReadGuard> {
+        self.read.wait_forever().await
+    }
+
+    /// Waits for a write hold.
+    pub async fn write(&self) -> Result<WriteGuard> {
+        self.write.wait_forever().await
+    }
+
+    /// One attempt at a read hold: `Ok(None)` when a writer holds or waits ahead.
+    pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
+        self.read.wait_for(Duration::ZERO).await
+    }
+
+    /// One attempt at a write hold: `Ok(None)` when the lock is held or others queue.
+    pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
+        self.write.wait_for(Duration::ZERO).await
+    }
+
+    /// Waits at most `timeout` for a read hold.
+    pub async fn read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
+        self.read.wait_for(timeout).await
+    }
+
+    /// Waits at most `timeout` for a write hold.
+    pub async fn write_timeout(&self, timeout: Duration) -> Result<Option<WriteGuard>> {
+        self.write.wait_for(timeout).await
+    }
+
+    /// A consistent snapshot of the lock (one script call).
+    pub async fn state(&self) -> Result<RwLockState> {
+        let driver = self.write.driver.as_ref();
+        let script = &SCRIPTS.rw_inspect;
+        let reply = run_ints(
+            driver.client(),
+            script,
+            self.name(),
+            driver.renew_keys(),
+            vec![],
+        )
+        .await?;
+        let [held, count, token, readers, last] = reply[..] else {
+            return Err(Error::Protocol {
+                script: script.name(),
+                detail: format!("unexpected reply {reply:?}"),
+            });
+        };
+        Ok(RwLockState {
+            write_locked: held == 1,
+            write_hold_count: count.max(0) as u64,
+            fencing_token: (held == 1).then_some(token.max(0) as u64),
+            readers: readers.max(0) as u64,
+            remaining: (last > 0).then(|| Duration::from_millis(last as u64)),
+        })
+    }
+
+    /// Removes every read and write hold and wakes the waiters. The fencing counter is kept.
+    pub async fn force_unlock(&self) -> Result<bool> {
+        let removed = self.write.driver.force_unlock().await?;
+        tracing::info!(lock = self.name(), removed, "force unlock");
+        Ok(removed)
+    }
+}
+
+impl fmt::Debug for RwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RwLock")
+            .field("name", &self.name())
+            .field("owner", &self.owner())
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Read,
+    Write,
+}
+
+impl Mode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Mode::Read => "read",
+            Mode::Write => "write",
+        }
+    }
+}
+
+/// One side (read or write) of a read-write lock.
+pub(crate) struct RwDriver {
+    client: LockClient,
+    keys: LockKeys,
+    mode: Mode,
+    hold: String,
+    readers: String,
+    fence: String,
+    queue: String,
+    alive: String,
+    done: String,
+}
+
+impl RwDriver {
+    fn new(client: LockClient, keys: LockKeys, mode: Mode) -> Self {
+        RwDriver {
+            hold: keys.key(""),
+            readers: keys.key("readers"),
+            fence: keys.key("fence"),
+            queue: keys.key("queue"),
+            alive: keys.key("alive"),
+            done: keys.key("done"),
+            keys,
+            client,
+            mode,
+        }
+    }
+
+    async fn run(&self, script: &Script, keys: Vec<String>, args: Vec<Value>) -> Result<Vec<i64>> {
+        run_ints(&self.client, script, self.keys.name(), keys, args).await
+    }
+
+    fn retry_window_ms(&self) -> i64 {
+        self.client.core().tombstone_ttl().as_millis() as i64
+    }
+}
+
+impl Driver for RwDriver {
+    fn keys(&self) -> &LockKeys {
+        &self.keys
+    }
+
+    fn client(&self) -> &LockClient {
+        &self.client
+    }
+
+    fn wait_kind(&self) -> WaitKind {
+        match self.mode {
+            Mode::Read => WaitKind::Shared,
+            Mode::Write => WaitKind::Exclusive,
+        }
+    }
+
+    fn hold_role(&self) -> &'static str {
+        self.mode.as_str()
+    }
+
+    fn waiter_prefix(&self) -> &'static str {
+        match self.mode {
+            Mode::Read => "r",
+            Mode::Write => "w",
+        }
+    }
+
+    fn try_acquire(
+        self: Arc<Self>,
+        owner: Owner,
+        waiter: Arc<str>,
+        op: String,
+        lease: Duration,
+        waiting: bool,
+    ) -> BoxFuture<'static, Result<Attempt>> {
+        Box::pin(async move {
+            let waiter_lease = if waiting {
+                self.client.config().waiter_lease.as_millis() as i64
+            } else {
+                0
+            };
+            let keys = vec![
+                self.hold.clone(),
+                self.readers.clone(),
+                self.fence.clone(),
+                self.queue.clone(),
+                self.alive.clone(),
+            ];
+            let args: Vec<Value> = vec![
+                owner.id().into(),
+                (lease.as_millis() as i64).into(),
+                op.into(),
+                waiter.as_ref().into(),
+                waiter_lease.into(),
+                self.mode.as_str().into(),
+                self.retry_window_ms().into(),
+            ];
+            let script = &SCRIPTS.rw_acquire;
+            let reply = self.run(script, keys, args).await?;
+            if reply.first() == Some(&-2) {
+                return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
+            }
+            acquire_reply(&self.client, script, &reply)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        owner: &'a Owner,
+        token: u64,
+        op: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released>> {
+        Box::pin(async move {
+            let mut args = release_args(&self.client, owner, token, op, all);
+            args.extend(self.client.core().event_args(&self.keys));
+            args.push(self.mode.as_str().into());
+            let keys = vec![
+                self.hold.clone(),
+                self.readers.clone(),
+                self.done.clone(),
+                self.queue.clone(),
+                self.alive.clone(),
+                self.keys.events().to_owned(),
+                self.keys.seq().to_owned(),
+            ];
+            let script = &SCRIPTS.rw_release;
+            let reply = self.run(script, keys, args).await?;
+            release_reply(script, &reply)
+        })
+    }
+
+    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(async move {
+            let keys = vec![
+                self.hold.clone(),
+                self.readers.clone(),
+                self.queue.clone(),
+                self.keys.events().to_owned(),
+                self.keys.seq().to_owned(),
+            ];
+            let script = &SCRIPTS.rw_force_unlock;
+            let args = self.client.core().event_args(&self.keys);
+            let reply = self.run(script, keys, args).await?;
+            flag_reply(script, &reply)
+        })
+    }
+
+    fn renew_script(&self) -> &'static Script {
+        &SCRIPTS.rw_renew
+    }
+
+    fn renew_keys(&self) -> Vec<String> {
+        vec![self.hold.clone(), self.readers.clone()]
+    }
+
+    fn renew_args(&self, owner: &Owner, token: u64) -> Vec<Value> {
+        vec![
+            self.mode.as_str().into(),
+            owner.id().into(),
+            token.to_string().into(),
+        ]
+    }
+
+    fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
+        Some((
+            &SCRIPTS.fair_heartbeat,
+            [self.hold.clone(), self.queue.clone(), self.alive.clone()],
+        ))
+    }
+
+    fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
+        Some(Box::pin(async move {
+            let mut args: Vec<Value> = vec![waiter.as_ref().into()];
+            args.extend(self.client.core().event_args(&self.keys));
+            let keys = vec![
+                self.hold.clone(),
+                self.queue.clone(),
+                self.alive.clone(),
+                self.keys.events().to_owned(),
+                self.keys.seq().to_owned(),
+            ];
+            let script = &SCRIPTS.fair_leave;
+            let reply = self.run(script, keys, args).await?;
+            flag_reply(script, &reply).map(|_| ())
+        }))
+    }
+}

@@ -1,0 +1,586 @@
+//! Read-write lock: shared reads across processes, exclusive writes, writer-starvation
+//! prevention, one event for many readers, downgrade, crashed readers and writers, no leftovers.
+//! Real redis-server, real OS processes, both notification modes.
+
+mod support;
+
+use std::time::Duration;
+
+use fred::interfaces::KeysInterface;
+use fredlock::{Config, Error, Lease, LockClient, NotificationMode, Owner};
+use support::{
+    emit_result, init_tracing, is_worker, spawn_worker_handle, worker_param, RedisServer,
+};
+
+/// Bound that only turns a hang into a failure; never a performance claim.
+const HANG: Duration = Duration::from_secs(30);
+
+const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
+
+fn mode_name(mode: NotificationMode) -> &'static str {
+    match mode {
+        NotificationMode::Stream => "stream",
+        _ => "pubsub",
+    }
+}
+
+/// One shard, so the test can name the keys: `{prefix:0}:rw.<role>:<name>`.
+fn config(url: &str, mode: NotificationMode, prefix: &str) -> Config {
+    let mut config = Config::new(url);
+    config.notification = mode;
+    config.key_prefix = prefix.to_owned();
+    config.shards = 1;
+    config.waiter_lease = Duration::from_millis(900);
+    config.watchdog_lease = Duration::from_millis(900);
+    config
+}
+
+fn key(prefix: &str, role: &str, name: &str) -> String {
+    if role.is_empty() {
+        format!("{{{prefix}:0}}:rw:{name}")
+    } else {
+        format!("{{{prefix}:0}}:rw.{role}:{name}")
+    }
+}
+
+fn worker_env(
+    server: &RedisServer,
+    mode: NotificationMode,
+    prefix: &str,
+    role: &str,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("RW_URL", server.url()),
+        ("RW_MODE", mode_name(mode).to_owned()),
+        ("RW_PREFIX", prefix.to_owned()),
+        ("RW_ROLE", role.to_owned()),
+    ]
+}
+
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + HANG;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never happened: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn queue_len(server: &RedisServer, prefix: &str, name: &str) -> i64 {
+    server.cmd(&["LLEN", &key(prefix, "queue", name)]).as_int()
+}
+
+/// Worker process: runs one role against the server given in its environment.
+#[test]
+#[ignore = "worker process of the read-write lock tests"]
+fn rw_worker() {
+    if !is_worker() {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(run_worker());
+}
+
+async fn run_worker() {
+    let param = |name: &str| worker_param(name).unwrap_or_else(|| panic!("missing {name}"));
+    let mode = if param("RW_MODE") == "stream" {
+        NotificationMode::Stream
+    } else {
+        NotificationMode::PubSub
+    };
+    let locks = LockClient::connect(config(&param("RW_URL"), mode, &param("RW_PREFIX")))
+        .await
+        .expect("connect");
+    match param("RW_ROLE").as_str() {
+        "overlap" => overlap_worker(&locks).await,
+        "mixed" => mixed_worker(&locks).await,
+        "queued-readers" => queued_readers_worker(&locks).await,
+        "hold-read" => {
+            let guard = locks.rwlock("crash").unwrap().read().await.expect("read");
+            emit_result(format!("HELD {}", guard.fencing_token()));
+            std::future::pending::<()>().await;
+        }
+        "wait-write" => {
+            let guard = locks
+                .rwlock("dead-writer")
+                .unwrap()
+                .write()
+                .await
+                .expect("write");
+            emit_result("ACQUIRED");
+            drop(guard);
+        }
+        role => panic!("unknown role {role}"),
+    }
+    locks.shutdown().await.expect("shutdown");
+}
+
+/// 4 readers each hold a read lock until 8 readers (over two processes) hold it at once.
+async fn overlap_worker(locks: &LockClient) {
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let lock = locks.rwlock("overlap").unwrap();
+        let redis = locks.redis().clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.read().await.expect("read");
+            let _: i64 = redis.incr("overlap-in").await.expect("INCR");
+            let deadline = tokio::time::Instant::now() + HANG;
+            loop {
+                let inside: i64 = redis.get("overlap-in").await.expect("GET");
+                if inside >= 8 {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "readers never overlapped"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            guard.unlock().await.expect("unlock");
+        }));
+    }
+    for task in tasks {
+        task.await.expect("reader");
+    }
+    emit_result("overlapped");
+}
+
+const MIXED_ROUNDS: usize = 20;
+
+/// 2 writers do a two-step update and a counter increment; 2 readers check they never see a
+/// half-written state.
+async fn mixed_worker(locks: &LockClient) {
+    let mut tasks = Vec::new();
+    for role in ["w", "w", "r", "r"] {
+        let lock = locks.rwlock("mixed").unwrap();
+        let redis = locks.redis().clone();
+        tasks.push(tokio::spawn(async move {
+            let mut torn = 0;
+            for round in 0..MIXED_ROUNDS {
+                if role == "w" {
+                    let guard = lock.write().await.expect("write");
+                    let stamp = format!("{}-{round}", guard.fencing_token());
+                    let _: () = redis
+                        .set("mixed-a", &stamp, None, None, false)
+                        .await
+                        .expect("SET");
+                    tokio::task::yield_now().await;
+                    let _: () = redis
+                        .set("mixed-b", &stamp, None, None, false)
+                        .await
+                        .expect("SET");
+                    let count: Option<i64> = redis.get("mixed-count").await.expect("GET");
+                    let _: () = redis
+                        .set("mixed-count", count.unwrap_or(0) + 1, None, None, false)
+                        .await
+                        .expect("SET");
+                    guard.unlock().await.expect("unlock");
+                } else {
+                    let guard = lock.read().await.expect("read");
+                    let a: Option<String> = redis.get("mixed-a").await.expect("GET");
+                    tokio::task::yield_now().await;
+                    let b: Option<String> = redis.get("mixed-b").await.expect("GET");
+                    if a != b {
+                        torn += 1;
+                    }
+                    guard.unlock().await.expect("unlock");
+                }
+            }
+            torn
+        }));
+    }
+    let mut torn = 0;
+    for task in tasks {
+        torn += task.await.expect("task");
+    }
+    emit_result(format!("torn {torn}"));
+}
+
+/// 4 readers queue behind a writer; reports how many acquired and the wakeups it took.
+async fn queued_readers_worker(locks: &LockClient) {
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let lock = locks.rwlock("fanout").unwrap();
+        tasks.push(tokio::spawn(async move {
+            let guard = lock.read().await.expect("read");
+            guard.unlock().await.expect("unlock");
+        }));
+    }
+    for task in tasks {
+        task.await.expect("reader");
+    }
+    emit_result(format!("acquired 4 wakeups {}", locks.stats().wakeups));
+}
+
+#[test]
+fn eight_readers_in_two_processes_hold_the_lock_together() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("overlap-{}", mode_name(mode));
+        server.cmd(&["DEL", "overlap-in"]);
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                spawn_worker_handle("rw_worker", &worker_env(&server, mode, &prefix, "overlap"))
+            })
+            .collect();
+        for worker in workers {
+            assert_eq!(worker.wait(), vec!["overlapped".to_owned()]);
+        }
+        assert_eq!(server.cmd(&["GET", "overlap-in"]).as_int(), 8);
+    }
+}
+
+#[test]
+fn writers_exclude_readers_and_writers() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("mixed-{}", mode_name(mode));
+        for k in ["mixed-a", "mixed-b", "mixed-count"] {
+            server.cmd(&["DEL", k]);
+        }
+        let workers: Vec<_> = (0..2)
+            .map(|_| spawn_worker_handle("rw_worker", &worker_env(&server, mode, &prefix, "mixed")))
+            .collect();
+        for worker in workers {
+            assert_eq!(worker.wait(), vec!["torn 0".to_owned()], "{mode:?}");
+        }
+        assert_eq!(
+            server.cmd(&["GET", "mixed-count"]).as_int(),
+            (2 * 2 * MIXED_ROUNDS) as i64,
+            "{mode:?}: lost updates"
+        );
+        assert_no_leftovers(&server, &prefix, "mixed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writer_goes_before_every_reader_that_came_after_it() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("starve-{}", mode_name(mode));
+        let locks = LockClient::connect(config(&server.url(), mode, &prefix))
+            .await
+            .unwrap();
+        let lock = locks.rwlock("doc").unwrap();
+        let first_reader = lock.read().await.unwrap();
+        // Readers come and go freely while no writer waits.
+        let early = lock.try_read().await.unwrap().expect("readers share");
+        early.unlock().await.unwrap();
+
+        let redis = locks.redis().clone();
+        let rank_key = format!("{prefix}-rank");
+        let writer = {
+            let (lock, redis, rank_key) = (lock.clone(), redis.clone(), rank_key.clone());
+            tokio::spawn(async move {
+                let guard = lock.write().await.unwrap();
+                let rank: i64 = redis.incr(&rank_key).await.unwrap();
+                guard.unlock().await.unwrap();
+                rank
+            })
+        };
+        eventually("writer queued", || async {
+            queue_len(&server, &prefix, "doc") == 1
+        })
+        .await;
+
+        // A stream of new readers: none may pass the waiting writer.
+        let mut readers = Vec::new();
+        for i in 0..6 {
+            assert!(
+                lock.try_read().await.unwrap().is_none(),
+                "{mode:?}: a new reader passed a waiting writer"
+            );
+            let (lock, redis, rank_key) = (lock.clone(), redis.clone(), rank_key.clone());
+            readers.push(tokio::spawn(async move {
+                let guard = lock.read().await.unwrap();
+                let rank: i64 = redis.incr(&rank_key).await.unwrap();
+                guard.unlock().await.unwrap();
+                rank
+            }));
+            eventually("reader queued", || async {
+                queue_len(&server, &prefix, "doc") == 2 + i
+            })
+            .await;
+        }
+        first_reader.unlock().await.unwrap();
+        let writer_rank = tokio::time::timeout(HANG, writer).await.unwrap().unwrap();
+        assert_eq!(writer_rank, 1, "{mode:?}: the writer must go first");
+        for reader in readers {
+            let rank = tokio::time::timeout(HANG, reader).await.unwrap().unwrap();
+            assert!(rank > writer_rank);
+        }
+        assert_no_leftovers(&server, &prefix, "doc");
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[test]
+fn one_write_release_wakes_queued_readers_in_several_processes_with_one_event() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("fanout-{}", mode_name(mode));
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let locks = runtime
+            .block_on(LockClient::connect(config(&server.url(), mode, &prefix)))
+            .unwrap();
+        let lock = locks
+            .rwlock("fanout")
+            .unwrap()
+            .with_lease(Lease::fixed(Duration::from_secs(120)))
+            .unwrap();
+        let writer = runtime.block_on(lock.write()).unwrap();
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                spawn_worker_handle(
+                    "rw_worker",
+                    &worker_env(&server, mode, &prefix, "queued-readers"),
+                )
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + HANG;
+        while queue_len(&server, &prefix, "fanout") != 8 {
+            assert!(std::time::Instant::now() < deadline, "readers never queued");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let seq_key = format!("{{{prefix}:0}}:seq");
+        let events_before = server.cmd(&["GET", &seq_key]).as_int_or_zero();
+        runtime.block_on(writer.unlock()).unwrap();
+        let mut wakeups = 0;
+        for worker in workers {
+            let lines = worker.wait();
+            let line = lines.first().expect("result");
+            wakeups += line
+                .strip_prefix("acquired 4 wakeups ")
+                .and_then(|n| n.parse::<u64>().ok())
+                .expect("wakeups");
+        }
+        // Readers release too, but the last read release only emits when waiters are queued,
+        // and none are left then: the write release was the one event that let 8 readers in.
+        let events = server.cmd(&["GET", &seq_key]).as_int_or_zero() - events_before;
+        assert_eq!(events, 1, "{mode:?}: one event for the whole release");
+        assert!(wakeups >= 8, "{mode:?}: {wakeups} wakeups for 8 readers");
+        assert_no_leftovers(&server, &prefix, "fanout");
+        runtime.block_on(locks.shutdown()).unwrap();
+    }
+}
+
+trait IntOrZero {
+    fn as_int_or_zero(&self) -> i64;
+}
+
+impl IntOrZero for support::Resp {
+    fn as_int_or_zero(&self) -> i64 {
+        if self.is_nil() {
+            0
+        } else {
+            self.as_int()
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_keeps_the_read_hold_and_upgrade_is_refused() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("grade-{}", mode_name(mode));
+        let locks = LockClient::connect(config(&server.url(), mode, &prefix))
+            .await
+            .unwrap();
+        let me = Owner::new();
+        let mine = locks.rwlock("cfg").unwrap().with_owner(&me);
+        let other = locks.rwlock("cfg").unwrap();
+
+        let write = mine.write().await.unwrap();
+        let read = mine.read().await.unwrap();
+        assert_eq!(
+            read.fencing_token(),
+            write.fencing_token(),
+            "downgrade keeps the token"
+        );
+        assert!(
+            other.try_read().await.unwrap().is_none(),
+            "the writer still excludes others"
+        );
+        // A reader waiting behind the writer is let in by the write half of the downgrade.
+        let waiting_reader = {
+            let other = other.clone();
+            tokio::spawn(async move { other.read().await.map(|g| g.fencing_token()) })
+        };
+        eventually("reader queued", || async {
+            queue_len(&server, &prefix, "cfg") == 1
+        })
+        .await;
+        write.unlock().await.unwrap();
+        let token = tokio::time::timeout(HANG, waiting_reader)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(token, read.fencing_token());
+        // The reader task's guard was dropped: its release runs in the background.
+        eventually("the other reader released", || async {
+            mine.state().await.unwrap().readers == 1
+        })
+        .await;
+        assert!(!mine.state().await.unwrap().write_locked);
+        assert!(
+            other.try_write().await.unwrap().is_none(),
+            "read hold excludes writers"
+        );
+
+        // Asking for write while holding read is refused at once.
+        match mine.write_timeout(Duration::from_secs(60)).await {
+            Err(Error::UpgradeNotSupported(name)) => assert_eq!(name, "cfg"),
+            other => panic!("expected UpgradeNotSupported, got {other:?}"),
+        }
+        read.unlock().await.unwrap();
+        let write = other.try_write().await.unwrap().expect("free now");
+        assert!(write.fencing_token() > token);
+        write.unlock().await.unwrap();
+        assert_no_leftovers(&server, &prefix, "cfg");
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_holds_expire_on_their_own() {
+    init_tracing();
+    let server = RedisServer::start();
+    let prefix = "own-expiry";
+    let locks = LockClient::connect(config(&server.url(), NotificationMode::Stream, prefix))
+        .await
+        .unwrap();
+    let short = locks
+        .rwlock("split")
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_millis(300)))
+        .unwrap();
+    let long = locks
+        .rwlock("split")
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(60)))
+        .unwrap();
+    let brief = short.read().await.unwrap();
+    let lasting = long.read().await.unwrap();
+    assert_eq!(long.state().await.unwrap().readers, 2);
+    brief.lost().await;
+    eventually("short read hold expired", || async {
+        long.state().await.unwrap().readers == 1
+    })
+    .await;
+    let remaining = long.state().await.unwrap().remaining.unwrap();
+    assert!(
+        remaining > Duration::from_secs(30),
+        "the long hold was not cut: {remaining:?}"
+    );
+    assert!(lasting.lost_cause().is_none());
+    lasting.unlock().await.unwrap();
+    locks.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_reader_frees_its_hold_within_its_lease() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("crash-{}", mode_name(mode));
+        let locks = LockClient::connect(config(&server.url(), mode, &prefix))
+            .await
+            .unwrap();
+        let reader = spawn_worker_handle(
+            "rw_worker",
+            &worker_env(&server, mode, &prefix, "hold-read"),
+        );
+        let held = reader.expect_result(HANG);
+        assert!(held.starts_with("HELD"), "{held}");
+        let lock = locks.rwlock("crash").unwrap();
+        assert!(lock.try_write().await.unwrap().is_none());
+        reader.kill();
+        let guard = tokio::time::timeout(HANG, lock.write())
+            .await
+            .unwrap()
+            .unwrap();
+        guard.unlock().await.unwrap();
+        assert_no_leftovers(&server, &prefix, "crash");
+        locks.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_died_waiting_stops_blocking_new_readers() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("deadw-{}", mode_name(mode));
+        let locks = LockClient::connect(config(&server.url(), mode, &prefix))
+            .await
+            .unwrap();
+        let lock = locks.rwlock("dead-writer").unwrap();
+        let holder = lock.read().await.unwrap();
+        let writer = spawn_worker_handle(
+            "rw_worker",
+            &worker_env(&server, mode, &prefix, "wait-write"),
+        );
+        eventually("writer queued", || async {
+            queue_len(&server, &prefix, "dead-writer") == 1
+        })
+        .await;
+        assert!(
+            lock.try_read().await.unwrap().is_none(),
+            "a live waiting writer blocks readers"
+        );
+        writer.kill();
+        // Within the writer's waiter lease (900 ms here) new readers get in again.
+        let reader = tokio::time::timeout(HANG, lock.read())
+            .await
+            .unwrap()
+            .unwrap();
+        reader.unlock().await.unwrap();
+        holder.unlock().await.unwrap();
+        assert_no_leftovers(&server, &prefix, "dead-writer");
+        locks.shutdown().await.unwrap();
+    }
+}
+
+/// After the runs no key of the lock is left but the fencing counter (kept forever) and the
+/// retry window of the last releases (a few seconds).
+fn assert_no_leftovers(server: &RedisServer, prefix: &str, name: &str) {
+    let deadline = std::time::Instant::now() + HANG;
+    loop {
+        let left: Vec<String> = ["", "readers", "queue", "alive"]
+            .iter()
+            .map(|role| key(prefix, role, name))
+            .filter(|k| server.cmd(&["EXISTS", k]).as_int() == 1)
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keys left behind: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = key(prefix, "done", name);
+    if server.cmd(&["EXISTS", &done]).as_int() == 1 {
+        assert!(
+            server.cmd(&["PTTL", &done]).as_int() > 0,
+            "retry window must expire"
+        );
+    }
+}
