@@ -8,6 +8,9 @@
 -- ARGV[2] lease in ms (> 0)
 -- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
 -- ARGV[4] waiter grace in ms: when busy and > 0, keep the marker alive for PTTL + grace
+-- ARGV[5] "1" when other waiters of the caller's process wait for this lock: on success the
+--         marker is set for them (the release that let the caller in deleted it, and only one
+--         waiter per process was woken, so nobody else would set it again)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {0, remaining ttl of the hold in ms} when another owner holds the lock,
@@ -20,6 +23,9 @@ if not fl_marker_ok(waiters) then
 end
 local current = redis.call('HGET', hold, 'o')
 if not current then
+  if ARGV[5] == '1' then
+    redis.call('SET', waiters, '1', 'PX', lease + grace)
+  end
   return fl_take(hold, fence, owner, op, lease)
 end
 if current == owner then

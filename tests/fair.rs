@@ -479,7 +479,10 @@ fn four_processes_by_four_tasks_are_exclusive_and_served_in_queue_order() {
             .collect();
         assert_eq!(log.len() as i64, total);
         let contended = log.iter().filter(|queue| queue.len() >= 2).count();
-        assert!(contended > log.len() / 2, "{mode:?}: the lock was hardly contended");
+        assert!(
+            contended > log.len() / 2,
+            "{mode:?}: the lock was hardly contended"
+        );
         let inversions = queue_order_breaks(&log);
         assert_eq!(inversions, 0, "{mode:?}: the queue was not served in order");
         assert_no_queue_left(&server, &prefix, "loop");

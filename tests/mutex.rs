@@ -660,3 +660,39 @@ async fn retried_calls_after_a_lost_reply_are_not_applied_twice() {
     drop(other);
     locks.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_local_waiter_is_woken_in_turn() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let locks = connect(&server, mode, "turns").await;
+        // The first holder's lease is far beyond the bound below: only events can hand over.
+        let mutex = locks
+            .mutex("turns")
+            .unwrap()
+            .with_lease(Lease::fixed(Duration::from_secs(120)))
+            .unwrap();
+        let holder = mutex.lock().await.unwrap();
+        let waiters: Vec<_> = (0..5)
+            .map(|_| {
+                let mutex = mutex.clone();
+                tokio::spawn(async move {
+                    let guard = mutex.lock().await?;
+                    tokio::task::yield_now().await;
+                    guard.unlock().await
+                })
+            })
+            .collect();
+        eventually("5 waiters registered", || async { locks.stats().waiting == 5 }).await;
+        holder.unlock().await.unwrap();
+        for waiter in waiters {
+            tokio::time::timeout(HANG, waiter)
+                .await
+                .expect("a waiter was never woken")
+                .unwrap()
+                .unwrap();
+        }
+        locks.shutdown().await.unwrap();
+    }
+}

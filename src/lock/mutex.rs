@@ -215,11 +215,10 @@ impl Driver for MutexDriver {
         waiting: bool,
     ) -> BoxFuture<'static, Result<Attempt>> {
         Box::pin(async move {
-            let grace = if waiting {
-                self.client.config().waiter_grace.as_millis() as i64
-            } else {
-                0
-            };
+            let grace = self.client.config().waiter_grace.as_millis() as i64;
+            // Local waiters besides the caller (who is registered itself when it waits).
+            let local = self.client.waiters().waiting_on(self.keys.id());
+            let others = local > usize::from(waiting);
             let script = &SCRIPTS.mutex_acquire;
             let reply = self
                 .run(
@@ -229,7 +228,8 @@ impl Driver for MutexDriver {
                         owner.id().into(),
                         (lease.as_millis() as i64).into(),
                         op.into(),
-                        grace.into(),
+                        if waiting { grace } else { 0 }.into(),
+                        if others { "1" } else { "0" }.into(),
                     ],
                 )
                 .await?;
