@@ -42,6 +42,8 @@ pub(crate) struct Core {
     pub(crate) redis: Client,
     pub(crate) config: Config,
     pub(crate) keyspace: Keyspace,
+    /// Connected to a Redis Cluster (scripts publish with `SPUBLISH` in Pub/Sub mode).
+    pub(crate) clustered: bool,
     pub(crate) holds: HoldRegistry,
     pub(crate) waiters: Arc<WaiterTable>,
     pub(crate) queued: QueuedWaiters,
@@ -81,10 +83,11 @@ impl Core {
 
     /// Notification mode and stream cap, as script arguments.
     pub(crate) fn event_args_mode(&self) -> Vec<Value> {
-        vec![
-            self.config.notification.as_str().into(),
-            (self.config.stream_max_len as i64).into(),
-        ]
+        let mode = match self.config.notification {
+            NotificationMode::PubSub if self.clustered => "spubsub",
+            other => other.as_str(),
+        };
+        vec![mode.into(), (self.config.stream_max_len as i64).into()]
     }
 
     /// How long a released hold remembers its last op id (answers retried releases).
@@ -104,7 +107,7 @@ pub struct LockClient {
 
 struct ClientInner {
     core: Arc<Core>,
-    notifier: Client,
+    notifiers: Vec<Client>,
     owns_command_connection: bool,
     release_tx: mpsc::UnboundedSender<ReleaseJob>,
     shutdown_tx: watch::Sender<bool>,
@@ -118,13 +121,15 @@ impl Drop for ClientInner {
         if self.core.closed.swap(true, Ordering::AcqRel) {
             return; // shutdown() already hung up
         }
-        let notifier = self.notifier.clone();
+        let notifiers = self.notifiers.clone();
         let command = self
             .owns_command_connection
             .then(|| self.core.redis.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                hang_up_notifier(&notifier).await;
+                for notifier in &notifiers {
+                    hang_up_notifier(notifier).await;
+                }
                 if let Some(command) = command {
                     let _ = command.quit().await;
                 }
@@ -139,6 +144,42 @@ async fn hang_up_notifier(notifier: &Client) {
     use fred::interfaces::ClientInterface;
     let _ = notifier.unblock_self(None).await;
     let _ = notifier.quit().await;
+}
+
+/// Opens the notifier connection(s). One client reads every shard, except in Stream mode on a
+/// cluster: there one `XREAD` can only name keys of one slot, and a blocked read stalls its
+/// connection, so every shard gets its own client.
+async fn open_notifiers(command: &Client, config: &Config, clustered: bool) -> Result<Vec<Client>> {
+    let count = if clustered && config.notification == NotificationMode::Stream {
+        usize::from(config.shards)
+    } else {
+        1
+    };
+    let (perf, connection, policy) = fred_parts(config, 4096);
+    let mut clients = Vec::with_capacity(count);
+    for _ in 0..count {
+        let client = Client::new(
+            command.client_config(),
+            Some(perf.clone()),
+            Some(connection.clone()),
+            Some(policy.clone()),
+        );
+        if let Err(err) = init_client(&client, config).await {
+            for opened in &clients {
+                hang_up_notifier(opened).await;
+            }
+            return Err(err);
+        }
+        clients.push(client);
+    }
+    Ok(clients)
+}
+
+/// The shards reader `index` of `readers` covers.
+fn reader_shards(keyspace: &Keyspace, readers: usize, index: usize) -> Vec<u16> {
+    (0..keyspace.shards())
+        .filter(|shard| usize::from(*shard) % readers == index)
+        .collect()
 }
 
 /// Builds fred's configuration from ours.
@@ -222,32 +263,28 @@ impl LockClient {
 
     async fn start(command: Client, owns_command: bool, config: Config) -> Result<LockClient> {
         let keyspace = Keyspace::new(&config.key_prefix, config.shards);
-        if let Err(err) = check_layout(&command, &keyspace, &config).await {
-            if owns_command {
-                let _ = command.quit().await;
+        let clustered = command.is_clustered();
+        let started = async {
+            check_layout(&command, &keyspace, &config).await?;
+            let notifiers = open_notifiers(&command, &config, clustered).await?;
+            Ok::<_, Error>(notifiers)
+        };
+        let notifiers = match started.await {
+            Ok(notifiers) => notifiers,
+            Err(err) => {
+                if owns_command {
+                    let _ = command.quit().await;
+                }
+                return Err(err);
             }
-            return Err(err);
-        }
-
-        let (perf, connection, policy) = fred_parts(&config, 4096);
-        let notifier = Client::new(
-            command.client_config(),
-            Some(perf),
-            Some(connection),
-            Some(policy),
-        );
-        if let Err(err) = init_client(&notifier, &config).await {
-            if owns_command {
-                let _ = command.quit().await;
-            }
-            return Err(err);
-        }
+        };
 
         let waiters = WaiterTable::new();
         let core = Arc::new(Core {
             redis: command,
             config: config.clone(),
             keyspace: keyspace.clone(),
+            clustered,
             holds: HoldRegistry::default(),
             waiters: waiters.clone(),
             queued: QueuedWaiters::default(),
@@ -256,44 +293,53 @@ impl LockClient {
             hung_up: AtomicBool::new(false),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let reader = crate::notify::Reader {
-            client: notifier.clone(),
-            keyspace,
-            waiters,
+        let readers = notifiers.iter().enumerate().map(|(i, client)| crate::notify::Reader {
+            client: client.clone(),
+            keyspace: keyspace.clone(),
+            shards: reader_shards(&keyspace, notifiers.len(), i),
+            sharded_pubsub: clustered,
+            waiters: waiters.clone(),
             config: config.clone(),
             shutdown: shutdown_rx.clone(),
-        };
-        let reader_task = match config.notification {
-            NotificationMode::Stream => stream::start(reader).await,
-            NotificationMode::PubSub => pubsub::start(reader).await,
-        };
-        let reader_task = match reader_task {
-            Ok(task) => task,
-            Err(err) => {
-                let _ = notifier.quit().await;
-                if owns_command {
-                    let _ = core.redis.quit().await;
+        });
+        let mut tasks = Vec::new();
+        for reader in readers {
+            let task = match config.notification {
+                NotificationMode::Stream => stream::start(reader).await,
+                NotificationMode::PubSub => pubsub::start(reader).await,
+            };
+            match task {
+                Ok(task) => tasks.push(task),
+                Err(err) => {
+                    shutdown_tx.send_replace(true);
+                    for notifier in &notifiers {
+                        hang_up_notifier(notifier).await;
+                    }
+                    if owns_command {
+                        let _ = core.redis.quit().await;
+                    }
+                    return Err(err);
                 }
-                return Err(err);
             }
-        };
+        }
         let (release_tx, release_rx) = mpsc::unbounded_channel();
-        let tasks = vec![
-            reader_task,
+        tasks.extend([
             tokio::spawn(run_watchdog(core.clone(), shutdown_rx.clone())),
             tokio::spawn(run_heartbeat(core.clone(), shutdown_rx.clone())),
             tokio::spawn(run_release_worker(release_rx, shutdown_rx)),
-        ];
+        ]);
         tracing::info!(
             url = %config.redacted_url(),
             mode = config.notification.as_str(),
             shards = config.shards,
+            clustered,
+            notifier_clients = notifiers.len(),
             "lock client started"
         );
         Ok(LockClient {
             inner: Arc::new(ClientInner {
                 core,
-                notifier,
+                notifiers,
                 owns_command_connection: owns_command,
                 release_tx,
                 shutdown_tx,
@@ -369,7 +415,9 @@ impl LockClient {
             let _ = tokio::time::timeout(inner.core.config.command_timeout, task).await;
         }
         inner.core.hung_up.store(true, Ordering::Release);
-        hang_up_notifier(&inner.notifier).await;
+        for notifier in &inner.notifiers {
+            hang_up_notifier(notifier).await;
+        }
         if inner.owns_command_connection {
             let _ = inner.core.redis.quit().await;
         }

@@ -298,16 +298,29 @@ pub(crate) struct Reader {
     /// The dedicated notifier connection.
     pub(crate) client: fred::clients::Client,
     pub(crate) keyspace: crate::keys::Keyspace,
+    /// The shards this reader covers.
+    pub(crate) shards: Vec<u16>,
+    /// Subscribe with `SSUBSCRIBE` (Redis Cluster) instead of `SUBSCRIBE`.
+    pub(crate) sharded_pubsub: bool,
     pub(crate) waiters: Arc<WaiterTable>,
     pub(crate) config: crate::config::Config,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Reader {
-    /// The per-shard event keys (streams or channels), in shard order.
+    /// The event keys (streams or channels) of this reader's shards, in the order of `shards`.
     pub(crate) fn event_keys(&self) -> Vec<String> {
-        (0..self.keyspace.shards())
-            .map(|shard| self.keyspace.events(shard))
+        self.shards
+            .iter()
+            .map(|&shard| self.keyspace.events(shard))
+            .collect()
+    }
+
+    /// Maps an event key back to its shard number.
+    pub(crate) fn shard_of_key(&self) -> std::collections::HashMap<String, usize> {
+        self.shards
+            .iter()
+            .map(|&shard| (self.keyspace.events(shard), usize::from(shard)))
             .collect()
     }
 }

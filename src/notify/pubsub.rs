@@ -25,11 +25,12 @@ pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
 }
 
 async fn subscribe(reader: &Reader, channels: &[String]) -> Result<()> {
-    reader
-        .client
-        .subscribe(channels.to_vec())
-        .await
-        .map_err(|err| Error::from_redis(err, "(notifier)", "SUBSCRIBE"))
+    let subscribed = if reader.sharded_pubsub {
+        reader.client.ssubscribe(channels.to_vec()).await
+    } else {
+        reader.client.subscribe(channels.to_vec()).await
+    };
+    subscribed.map_err(|err| Error::from_redis(err, "(notifier)", "SUBSCRIBE"))
 }
 
 async fn run(
@@ -38,11 +39,7 @@ async fn run(
     mut messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
     mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
 ) {
-    let shard_of: HashMap<String, usize> = channels
-        .iter()
-        .enumerate()
-        .map(|(shard, channel)| (channel.clone(), shard))
-        .collect();
+    let shard_of: HashMap<String, usize> = reader.shard_of_key();
     let mut seq = SeqTracker::new(reader.keyspace.shards());
     loop {
         tokio::select! {

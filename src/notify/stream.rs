@@ -19,28 +19,36 @@ use crate::error::{Error, Result};
 
 const BATCH: u64 = 512;
 
-/// Takes the start position and spawns the reader.
+/// Takes the start position of every stream and spawns the reader.
 pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
-    let now_ms = server_time_ms(&reader.client).await?;
-    let start_id = format!("{}-0", now_ms.saturating_sub(1));
     let keys = reader.event_keys();
-    let ids = vec![start_id; keys.len()];
+    let mut ids = Vec::with_capacity(keys.len());
+    for key in &keys {
+        ids.push(last_id(&reader.client, key).await?);
+    }
     spawn_reconnect_watch(&reader);
     Ok(tokio::spawn(run(reader, keys, ids)))
 }
 
-/// The server's clock in milliseconds (`TIME`).
-async fn server_time_ms(client: &Client) -> Result<u64> {
-    let time: Vec<String> = client
+/// The ID of the newest entry of a stream ("0-0" when it is empty or missing). Taken from the
+/// stream itself, not from a clock, so no entry written after it can be missed, whatever the
+/// clocks of the nodes say.
+async fn last_id(client: &Client, key: &str) -> Result<String> {
+    let newest: Value = client
         .custom(
-            CustomCommand::new_static("TIME", ClusterHash::Random, false),
-            Vec::<Value>::new(),
+            CustomCommand::new_static("XREVRANGE", ClusterHash::FirstKey, false),
+            vec![key, "+", "-", "COUNT", "1"],
         )
         .await
-        .map_err(|err| Error::from_redis(err, "(notifier)", "TIME"))?;
-    let secs: u64 = time.first().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let micros: u64 = time.get(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    Ok(secs * 1000 + micros / 1000)
+        .map_err(|err| Error::from_redis(err, "(notifier)", key))?;
+    let id = match newest {
+        Value::Array(entries) => entries.into_iter().next().and_then(|entry| match entry {
+            Value::Array(mut parts) if !parts.is_empty() => parts.swap_remove(0).as_string(),
+            _ => None,
+        }),
+        _ => None,
+    };
+    Ok(id.unwrap_or_else(|| "0-0".to_owned()))
 }
 
 /// Every reconnect of the notifier connection makes every local waiter re-check.
@@ -64,10 +72,11 @@ fn spawn_reconnect_watch(reader: &Reader) {
 }
 
 async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
-    let shard_of: HashMap<String, usize> = keys
+    let shard_of = reader.shard_of_key();
+    let position: HashMap<String, usize> = keys
         .iter()
         .enumerate()
-        .map(|(shard, key)| (key.clone(), shard))
+        .map(|(i, key)| (key.clone(), i))
         .collect();
     let mut seq = SeqTracker::new(reader.keyspace.shards());
     let block = reader.config.notifier_block;
@@ -93,11 +102,12 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                 failures = 0;
                 let mut gap = false;
                 for (key, entries) in streams(value) {
-                    let Some(&shard) = shard_of.get(&key) else {
+                    let (Some(&shard), Some(&slot)) = (shard_of.get(&key), position.get(&key))
+                    else {
                         continue;
                     };
                     for (id, event) in entries {
-                        ids[shard] = id;
+                        ids[slot] = id;
                         let Some(event) = event else {
                             gap = true;
                             continue;
