@@ -23,7 +23,7 @@ use fred::interfaces::{ClientLike, KeysInterface};
 use fred::types::config::{
     Config as FredConfig, ConnectionConfig, PerformanceConfig, ReconnectPolicy,
 };
-use fred::types::{SetOptions, Value};
+use fred::types::{ClusterHash, CustomCommand, SetOptions, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -88,6 +88,32 @@ impl Core {
             other => other.as_str(),
         };
         vec![mode.into(), (self.config.stream_max_len as i64).into()]
+    }
+
+    /// `WAIT numreplicas timeout` on the node that owns `key`: how many replicas acknowledged
+    /// every write this client sent to that node so far.
+    pub(crate) async fn wait_replicas(
+        &self,
+        key: &str,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<u32> {
+        let slot = fred::util::redis_keyslot(key.as_bytes());
+        let command = CustomCommand::new_static("WAIT", ClusterHash::Custom(slot), false);
+        let args: Vec<Value> = vec![
+            i64::from(replicas).into(),
+            (timeout.as_millis() as i64).into(),
+        ];
+        let acked: i64 = self
+            .redis
+            .with_options(&fred::types::config::Options {
+                timeout: Some(timeout + self.config.command_timeout),
+                ..Default::default()
+            })
+            .custom(command, args)
+            .await
+            .map_err(|err| Error::from_redis(err, key, key))?;
+        Ok(acked.clamp(0, i64::from(u32::MAX)) as u32)
     }
 
     /// How long a released hold remembers its last op id (answers retried releases).
@@ -293,15 +319,18 @@ impl LockClient {
             hung_up: AtomicBool::new(false),
         });
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let readers = notifiers.iter().enumerate().map(|(i, client)| crate::notify::Reader {
-            client: client.clone(),
-            keyspace: keyspace.clone(),
-            shards: reader_shards(&keyspace, notifiers.len(), i),
-            sharded_pubsub: clustered,
-            waiters: waiters.clone(),
-            config: config.clone(),
-            shutdown: shutdown_rx.clone(),
-        });
+        let readers = notifiers
+            .iter()
+            .enumerate()
+            .map(|(i, client)| crate::notify::Reader {
+                client: client.clone(),
+                keyspace: keyspace.clone(),
+                shards: reader_shards(&keyspace, notifiers.len(), i),
+                sharded_pubsub: clustered,
+                waiters: waiters.clone(),
+                config: config.clone(),
+                shutdown: shutdown_rx.clone(),
+            });
         let mut tasks = Vec::new();
         for reader in readers {
             let task = match config.notification {

@@ -83,6 +83,14 @@ pub struct Config {
     /// Longest pause between reconnection attempts.
     #[serde(with = "humantime_serde")]
     pub reconnect_max_delay: Duration,
+    /// Opt-in safety against losing a fresh hold in a failover: after each acquisition the
+    /// client waits (`WAIT`) until this many replicas confirm the write, and fails the
+    /// acquisition with [`crate::Error::NotReplicated`] (releasing the hold) when fewer do
+    /// within [`Config::replica_ack_timeout`]. 0 (the default) turns it off.
+    pub replica_acks: u32,
+    /// How long an acquisition waits for [`Config::replica_acks`] confirmations.
+    #[serde(with = "humantime_serde")]
+    pub replica_ack_timeout: Duration,
     /// How long one `XREAD BLOCK` of the stream reader waits before it re-issues the read. It is
     /// a liveness check of the reader connection, not a poll of lock state.
     #[serde(with = "humantime_serde")]
@@ -104,6 +112,8 @@ impl Default for Config {
             waiter_grace: Duration::from_secs(2),
             reconnect_max_delay: Duration::from_secs(2),
             notifier_block: Duration::from_secs(5),
+            replica_acks: 0,
+            replica_ack_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -156,6 +166,7 @@ impl Config {
             ("waiter_grace", self.waiter_grace),
             ("reconnect_max_delay", self.reconnect_max_delay),
             ("notifier_block", self.notifier_block),
+            ("replica_ack_timeout", self.replica_ack_timeout),
         ] {
             check_duration(what, value, Duration::from_millis(1))?;
         }
@@ -183,6 +194,8 @@ impl fmt::Debug for Config {
             .field("waiter_grace", &self.waiter_grace)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("notifier_block", &self.notifier_block)
+            .field("replica_acks", &self.replica_acks)
+            .field("replica_ack_timeout", &self.replica_ack_timeout)
             .finish()
     }
 }

@@ -172,6 +172,7 @@ async fn acquire_loop(
         let ttl = match attempt {
             Attempt::Acquired { token } => {
                 queued.disarm();
+                confirm_replicated(&driver, &owner, token).await?;
                 let hold = client
                     .holds()
                     .adopt(driver.clone(), &owner, token, lease, sent_at);
@@ -207,6 +208,41 @@ async fn acquire_loop(
             _ = shutdown.changed() => return Err(Error::Shutdown),
         }
         client.check_open()?;
+    }
+}
+
+/// With [`crate::Config::replica_acks`] set, waits until that many replicas have the fresh
+/// hold; otherwise releases it and fails.
+async fn confirm_replicated(driver: &Arc<dyn Driver>, owner: &Owner, token: u64) -> Result<()> {
+    let config = driver.client().config();
+    let wanted = config.replica_acks;
+    if wanted == 0 {
+        return Ok(());
+    }
+    let keys = driver.keys();
+    let acked = driver
+        .client()
+        .core()
+        .wait_replicas(&keys.key(""), wanted, config.replica_ack_timeout)
+        .await;
+    match acked {
+        Ok(acked) if acked >= wanted => Ok(()),
+        other => {
+            let outcome = driver.release(owner, token, &op_id(), false).await;
+            tracing::warn!(
+                lock = keys.name(),
+                ?other,
+                ?outcome,
+                "hold not replicated in time; released"
+            );
+            other.and_then(|acked| {
+                Err(Error::NotReplicated {
+                    lock: keys.name().to_owned(),
+                    acked,
+                    wanted,
+                })
+            })
+        }
     }
 }
 

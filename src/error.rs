@@ -93,6 +93,17 @@ pub enum Error {
     /// A read-write lock owner asked for a write hold while holding a read hold (no upgrade).
     #[error("lock {0:?}: upgrading a read hold to a write hold is not supported")]
     UpgradeNotSupported(String),
+    /// Fewer replicas than [`crate::Config::replica_acks`] confirmed a fresh hold in time; the
+    /// hold was released again.
+    #[error("lock {lock:?}: {acked} of {wanted} replicas confirmed the hold in time")]
+    NotReplicated {
+        /// The lock name.
+        lock: String,
+        /// Replicas that confirmed.
+        acked: u32,
+        /// Replicas required.
+        wanted: u32,
+    },
     /// The client was shut down.
     #[error("the lock client has been shut down")]
     Shutdown,

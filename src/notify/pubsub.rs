@@ -25,12 +25,24 @@ pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
 }
 
 async fn subscribe(reader: &Reader, channels: &[String]) -> Result<()> {
-    let subscribed = if reader.sharded_pubsub {
-        reader.client.ssubscribe(channels.to_vec()).await
+    let map = |err| Error::from_redis(err, "(notifier)", "SUBSCRIBE");
+    if reader.sharded_pubsub {
+        // One SSUBSCRIBE per channel: the channels of different shards live in different slots.
+        for channel in channels {
+            reader
+                .client
+                .ssubscribe(channel.as_str())
+                .await
+                .map_err(map)?;
+        }
+        Ok(())
     } else {
-        reader.client.subscribe(channels.to_vec()).await
-    };
-    subscribed.map_err(|err| Error::from_redis(err, "(notifier)", "SUBSCRIBE"))
+        reader
+            .client
+            .subscribe(channels.to_vec())
+            .await
+            .map_err(map)
+    }
 }
 
 async fn run(

@@ -14,6 +14,8 @@
 //! Only std, `tempfile`, `libc` and `tracing-subscriber` are used here.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::fmt;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -143,6 +145,25 @@ impl RedisServer {
             failures.join("\n  "),
             read_log(dir.path())
         );
+    }
+
+    /// Start a server on a given port (no retry on another port): for cluster nodes, whose
+    /// bus port (port + 10000) must be free too.
+    pub fn start_on(port: u16, args: &[&str]) -> std::io::Result<RedisServer> {
+        let extra_args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let password = requirepass_of(&extra_args);
+        let dir = tempfile::Builder::new()
+            .prefix("fredlock-redis-")
+            .tempdir()?;
+        let child = spawn_and_wait(&dir, port, &extra_args, password.as_deref())?;
+        Ok(RedisServer {
+            pid: child.id(),
+            child: Some(child),
+            port,
+            password,
+            extra_args,
+            dir,
+        })
     }
 
     /// The TCP port the server listens on (unchanged by [`restart`](Self::restart)).
