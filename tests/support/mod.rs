@@ -15,6 +15,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod sentinel;
 
 use std::fmt;
 use std::fs::File;
