@@ -19,6 +19,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -160,15 +161,15 @@ async fn acquire_loop(
 
     loop {
         let sent_at = Instant::now();
-        let attempt = InFlight::start(
+        let attempt = start_attempt(
             driver.clone(),
             owner.clone(),
             waiter.clone(),
             requested,
             waiting,
         )
-        .finish()
-        .await?;
+        .join()
+        .await??;
         let ttl = match attempt {
             Attempt::Acquired { token } => {
                 queued.disarm();
@@ -246,65 +247,76 @@ async fn confirm_replicated(driver: &Arc<dyn Driver>, owner: &Owner, token: u64)
     }
 }
 
-/// An acquire script call that is finished even if the caller goes away.
-struct InFlight {
-    task: Option<JoinHandle<Result<Attempt>>>,
-    driver: Arc<dyn Driver>,
-    owner: Owner,
-    waiter: Arc<str>,
+/// A spawned task whose result is still dealt with when the future awaiting it is dropped:
+/// `orphan` then runs on the result in the background (e.g. releasing a hold nobody will use).
+pub(crate) struct Finish<T: Send + 'static> {
+    task: Option<JoinHandle<T>>,
+    orphan: Option<Box<dyn FnOnce(T) -> BoxFuture<'static, ()> + Send>>,
+    orphans: Arc<AtomicUsize>,
 }
 
-impl InFlight {
-    fn start(
-        driver: Arc<dyn Driver>,
-        owner: Owner,
-        waiter: Arc<str>,
-        lease: Duration,
-        waiting: bool,
+impl<T: Send + 'static> Finish<T> {
+    pub(crate) fn spawn(
+        work: impl Future<Output = T> + Send + 'static,
+        orphans: Arc<AtomicUsize>,
+        orphan: impl FnOnce(T) -> BoxFuture<'static, ()> + Send + 'static,
     ) -> Self {
-        let attempt =
-            driver
-                .clone()
-                .try_acquire(owner.clone(), waiter.clone(), op_id(), lease, waiting);
-        InFlight {
-            task: Some(tokio::spawn(attempt)),
-            driver,
-            owner,
-            waiter,
+        Finish {
+            task: Some(tokio::spawn(work)),
+            orphan: Some(Box::new(orphan)),
+            orphans,
         }
     }
 
-    async fn finish(mut self) -> Result<Attempt> {
+    pub(crate) async fn join(mut self) -> Result<T> {
         let Some(task) = self.task.as_mut() else {
             return Err(Error::Shutdown);
         };
         let result = task.await;
         self.task = None;
-        result.unwrap_or_else(|join_error| {
-            Err(Error::Protocol {
-                script: "acquire",
-                detail: format!("acquire task failed: {join_error}"),
-            })
+        result.map_err(|join_error| Error::Protocol {
+            script: "acquire",
+            detail: format!("acquire task failed: {join_error}"),
         })
     }
 }
 
-impl Drop for InFlight {
+impl<T: Send + 'static> Drop for Finish<T> {
     fn drop(&mut self) {
-        let Some(task) = self.task.take() else {
+        let (Some(task), Some(orphan)) = (self.task.take(), self.orphan.take()) else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the lease (never renewed) expires on its own
+            return; // no runtime: holds (never renewed) expire with their lease
         };
-        let driver = self.driver.clone();
-        let owner = self.owner.clone();
-        let waiter = self.waiter.clone();
-        let orphans = driver.client().orphans().clone();
-        orphans.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let orphans = self.orphans.clone();
+        orphans.fetch_add(1, Ordering::AcqRel);
         runtime.spawn(async move {
-            match task.await {
-                Ok(Ok(Attempt::Acquired { token })) => {
+            if let Ok(value) = task.await {
+                orphan(value).await;
+            }
+            orphans.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+}
+
+/// Starts one acquire script call that is finished even if the caller goes away: a hold it
+/// took is released, a queue place it took is left.
+fn start_attempt(
+    driver: Arc<dyn Driver>,
+    owner: Owner,
+    waiter: Arc<str>,
+    lease: Duration,
+    waiting: bool,
+) -> Finish<Result<Attempt>> {
+    let work = driver
+        .clone()
+        .try_acquire(owner.clone(), waiter.clone(), op_id(), lease, waiting);
+    let orphans = driver.client().orphans().clone();
+    Finish::spawn(work, orphans, move |attempt| {
+        Box::pin(async move {
+            match attempt {
+                Ok(Attempt::Acquired { token }) => {
                     let outcome = driver.release(&owner, token, &op_id(), false).await;
                     tracing::debug!(
                         lock = driver.keys().name(),
@@ -312,17 +324,16 @@ impl Drop for InFlight {
                         "released a hold taken by a cancelled acquisition"
                     );
                 }
-                Ok(Ok(Attempt::Busy { .. })) => {
+                Ok(Attempt::Busy { .. }) => {
                     // It may have joined a Redis-side queue: leave it.
                     if let Some(leaving) = driver.clone().abandon(waiter) {
                         let _ = leaving.await;
                     }
                 }
-                _ => {}
+                Err(_) => {}
             }
-            orphans.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        });
-    }
+        })
+    })
 }
 
 /// A waiter's place in a Redis-side wait queue (fair lock): kept alive by the client's

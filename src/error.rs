@@ -104,6 +104,16 @@ pub enum Error {
         /// Replicas required.
         wanted: u32,
     },
+    /// A [`crate::Redlock`] could not reach a quorum of instances (too many unreachable).
+    #[error("lock {lock:?}: only {reached} instances answered, {needed} needed")]
+    NoQuorum {
+        /// The lock name.
+        lock: String,
+        /// Instances that answered in the last attempt.
+        reached: usize,
+        /// The quorum.
+        needed: usize,
+    },
     /// The client was shut down.
     #[error("the lock client has been shut down")]
     Shutdown,

@@ -31,6 +31,8 @@
 //!   first-served across all processes, with dead waiters evicted within a waiter lease.
 //! * [`RwLock`] ([`LockClient::rwlock`]): many readers or one writer; once a writer waits, new
 //!   readers queue behind it; per-hold leases; downgrade, no upgrade.
+//! * [`Redlock`]: one exclusive lock over N independent masters (quorum N/2+1), for when a
+//!   single Redis is not trusted to keep a lock through a failover.
 //!
 //! ## Guarantees
 //!
@@ -73,6 +75,7 @@ pub use keys::MAX_NAME_LEN;
 pub use lease::{Lease, LostCause};
 pub use lock::guard::LockGuard;
 pub use lock::mutex::{FairMutex, Mutex};
+pub use lock::redlock::{Redlock, RedlockGuard};
 pub use lock::rwlock::{ReadGuard, RwLock, RwLockState, WriteGuard};
 pub use lock::LockState;
 pub use owner::Owner;

@@ -7,6 +7,7 @@
 pub(crate) mod fair;
 pub(crate) mod guard;
 pub(crate) mod mutex;
+pub(crate) mod redlock;
 pub(crate) mod rwlock;
 
 use std::sync::Arc;

@@ -91,6 +91,10 @@ impl Mutex {
         self.inner.driver.keys().name()
     }
 
+    pub(crate) fn driver(&self) -> &Arc<dyn Driver> {
+        &self.inner.driver
+    }
+
     /// Whether this is a fair (FIFO) lock.
     pub fn is_fair(&self) -> bool {
         self.fair

@@ -1,0 +1,588 @@
+//! [`Redlock`]: one exclusive lock over N independent Redis masters (the Redlock algorithm).
+//!
+//! Each attempt asks every instance at once (the same acquire script as [`Mutex`](crate::Mutex),
+//! with a fixed lease), and the lock is held when a quorum of `N/2 + 1` said yes while there is
+//! still validity left: `validity = lease − time the attempt took − drift`, with
+//! `drift = 1 % of the lease + 2 ms` for clock-rate differences between the machines. A failed
+//! attempt releases whatever it took on every instance. While the guard lives, a renewal task
+//! extends the holds on all instances every third of the lease and keeps the lock only while a
+//! quorum confirms.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::task::Poll;
+use std::time::Duration;
+
+use fred::types::Value;
+use tokio::sync::watch;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
+
+use crate::client::LockClient;
+use crate::engine::{Attempt, Driver, Finish, Released};
+use crate::error::{Error, NotHeldReason, Result};
+use crate::lease::{Lease, LostCause};
+use crate::lock::mutex::Mutex;
+use crate::lock::run_ints;
+use crate::notify::Registration;
+use crate::owner::{op_id, Owner};
+
+/// An exclusive lock held on a majority of independent Redis masters.
+///
+/// **When to use it.** Only when a single Redis (even with replicas) is not trusted to keep a
+/// lock through a failover. Every operation talks to every instance, so it costs N times the
+/// work of a [`Mutex`](crate::Mutex).
+///
+/// **Ordering.** Barging, and no fairness across processes: after a release, whoever reaches a
+/// quorum first wins. Waiting is still push-based: a waiter registers with the notifier of every
+/// instance and retries when any of them reports a release (or, at the latest, when the
+/// shortest lease it saw runs out). Two contenders that split the instances between them both
+/// back off by a short random delay before retrying, so one of them wins the next round.
+///
+/// **Fencing tokens.** Each instance keeps its own counter; the guard's token is the maximum
+/// over the instances of the quorum. That is strictly increasing only while no instance loses
+/// writes: a master restarted without persistence (or failed over to a lagging replica) starts
+/// counting again, and a later holder can then present a lower token than an earlier one. Give
+/// every instance persistence (`appendfsync always`) if the tokens must be trusted.
+///
+/// **Lease lost.** [`RedlockGuard::lost`] fires when a renewal round does not reach a quorum,
+/// when the validity of a fixed lease runs out, or at the `max_hold` cap.
+///
+/// **Cancellation.** Dropping a pending acquisition releases whatever its in-flight attempt
+/// took on every instance.
+#[derive(Clone)]
+pub struct Redlock {
+    name: String,
+    instances: Vec<Arc<dyn Driver>>,
+    owner: Option<Owner>,
+    lease: Lease,
+}
+
+impl Redlock {
+    /// A Redlock named `name` over the masters behind `clients` (one client per independent
+    /// master; an odd number, 3 or 5, is usual). Validates the name; no Redis call.
+    pub fn new(clients: &[LockClient], name: &str) -> Result<Redlock> {
+        let first = clients
+            .first()
+            .ok_or_else(|| Error::InvalidConfig("a Redlock needs at least one client".into()))?;
+        let instances = clients
+            .iter()
+            .map(|client| Mutex::barging(client.clone(), name).map(|m| m.driver().clone()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Redlock {
+            name: name.to_owned(),
+            instances,
+            owner: None,
+            lease: Lease::watchdog(first.config().watchdog_lease),
+        })
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many instances must agree: `N/2 + 1`.
+    pub fn quorum(&self) -> usize {
+        self.instances.len() / 2 + 1
+    }
+
+    /// A handle whose acquisitions are taken under `owner` (re-entry on every instance).
+    pub fn with_owner(mut self, owner: &Owner) -> Redlock {
+        self.owner = Some(owner.clone());
+        self
+    }
+
+    /// A handle whose acquisitions use `lease` (watchdog-renewed through the quorum, or fixed).
+    pub fn with_lease(mut self, lease: Lease) -> Result<Redlock> {
+        lease.validate()?;
+        self.lease = lease;
+        Ok(self)
+    }
+
+    /// Waits until the lock is held on a quorum.
+    pub async fn lock(&self) -> Result<RedlockGuard> {
+        match self.acquire(Some(None)).await? {
+            Some(guard) => Ok(guard),
+            None => Err(Error::Shutdown),
+        }
+    }
+
+    /// One attempt: `Ok(None)` when the lock is held elsewhere,
+    /// [`Error::NoQuorum`] when too few instances answered.
+    pub async fn try_lock(&self) -> Result<Option<RedlockGuard>> {
+        self.acquire(None).await
+    }
+
+    /// Waits at most `timeout`: `Ok(None)` when the lock stayed held elsewhere,
+    /// [`Error::NoQuorum`] when too few instances answered until then.
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<RedlockGuard>> {
+        crate::config::check_duration("timeout", timeout, Duration::from_nanos(1))?;
+        self.acquire(Some(Some(Instant::now() + timeout))).await
+    }
+
+    fn lease_ms(&self) -> Duration {
+        self.lease.initial()
+    }
+
+    /// `patience`: None = one attempt; Some(None) = forever; Some(Some(deadline)).
+    async fn acquire(&self, patience: Option<Option<Instant>>) -> Result<Option<RedlockGuard>> {
+        let owner = self.owner.clone().unwrap_or_default();
+        let waiting = patience.is_some();
+        let waiter: Arc<str> = op_id().into();
+        let registrations: Vec<Registration> = if waiting {
+            self.instances
+                .iter()
+                .map(|d| {
+                    d.client().waiters().register(
+                        d.keys().id(),
+                        d.wait_kind(),
+                        Some(waiter.clone()),
+                    )
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let span =
+            tracing::debug_span!("redlock", lock = %self.name, instances = self.instances.len());
+        loop {
+            let round = self
+                .start_round(owner.clone(), waiter.clone(), waiting)
+                .join()
+                .await??;
+            let (reachable, ttl, contested) = match round {
+                Round::Won(holds, started) => {
+                    tracing::debug!(parent: &span, holds = holds.len(), "acquired on a quorum");
+                    return Ok(Some(RedlockGuard::start(self, owner, holds, started)));
+                }
+                Round::Lost {
+                    reachable,
+                    ttl,
+                    contested,
+                } => (reachable, ttl, contested),
+            };
+            let no_quorum = || Error::NoQuorum {
+                lock: self.name.clone(),
+                reached: reachable,
+                needed: self.quorum(),
+            };
+            let limit = match patience {
+                None if reachable < self.quorum() => return Err(no_quorum()),
+                None => return Ok(None),
+                Some(None) => ttl,
+                Some(Some(deadline)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return if reachable < self.quorum() {
+                            Err(no_quorum())
+                        } else {
+                            Ok(None)
+                        };
+                    }
+                    ttl.min(left)
+                }
+            };
+            // Unreachable instances send no events: retry them on a short backoff instead.
+            let limit = if reachable < self.quorum() {
+                limit.min(Duration::from_millis(200))
+            } else {
+                limit
+            };
+            if contested {
+                tokio::time::sleep(jitter(Duration::from_millis(20))).await;
+            }
+            wait_any(&registrations, limit).await;
+        }
+    }
+
+    /// One attempt on every instance, spawned so that it completes (and cleans up) even if the
+    /// caller goes away.
+    fn start_round(&self, owner: Owner, waiter: Arc<str>, waiting: bool) -> Finish<Result<Round>> {
+        let instances = self.instances.clone();
+        let lease = self.lease_ms();
+        let quorum = self.quorum();
+        let work = round(
+            instances.clone(),
+            owner.clone(),
+            waiter,
+            lease,
+            waiting,
+            quorum,
+        );
+        let orphans = instances[0].client().orphans().clone();
+        Finish::spawn(work, orphans, move |result| {
+            Box::pin(async move {
+                if let Ok(Round::Won(holds, _)) = result {
+                    release_all(&owner, &holds).await;
+                }
+            })
+        })
+    }
+}
+
+/// The outcome of one round over all instances.
+enum Round {
+    /// A quorum granted the lock: (instance, token) per granting instance; when it started.
+    Won(Vec<(Arc<dyn Driver>, u64)>, Instant),
+    /// No quorum: how many instances answered, the longest wait worth doing, and whether some
+    /// instances granted it (a split with another contender).
+    Lost {
+        reachable: usize,
+        ttl: Duration,
+        contested: bool,
+    },
+}
+
+/// Asks every instance at once; keeps the lock only with a quorum and validity left.
+async fn round(
+    instances: Vec<Arc<dyn Driver>>,
+    owner: Owner,
+    waiter: Arc<str>,
+    lease: Duration,
+    waiting: bool,
+    quorum: usize,
+) -> Result<Round> {
+    let started = Instant::now();
+    let op = op_id();
+    let timeout = instances[0]
+        .client()
+        .config()
+        .command_timeout
+        .min(lease / 2);
+    let mut calls = JoinSet::new();
+    for driver in &instances {
+        let attempt =
+            driver
+                .clone()
+                .try_acquire(owner.clone(), waiter.clone(), op.clone(), lease, waiting);
+        let driver = driver.clone();
+        calls.spawn(async move { (driver, tokio::time::timeout(timeout, attempt).await) });
+    }
+    let mut granted = Vec::new();
+    let mut reachable = 0;
+    let mut ttl = lease;
+    while let Some(joined) = calls.join_next().await {
+        let Ok((driver, answer)) = joined else {
+            continue;
+        };
+        match answer {
+            Ok(Ok(Attempt::Acquired { token })) => {
+                reachable += 1;
+                granted.push((driver, token));
+            }
+            Ok(Ok(Attempt::Busy { ttl: busy })) => {
+                reachable += 1;
+                ttl = ttl.min(busy.unwrap_or(lease));
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(lock = driver.keys().name(), %error, "instance refused")
+            }
+            Err(_) => tracing::debug!(
+                lock = driver.keys().name(),
+                "instance did not answer in time"
+            ),
+        }
+    }
+    if granted.len() >= quorum && validity(lease, started).is_some() {
+        return Ok(Round::Won(granted, started));
+    }
+    let contested = !granted.is_empty();
+    release_all(&owner, &granted).await;
+    Ok(Round::Lost {
+        reachable,
+        ttl: ttl.max(Duration::from_millis(1)),
+        contested,
+    })
+}
+
+/// Time left of a lease taken at `started`, after the drift allowance; None when none is left.
+fn validity(lease: Duration, started: Instant) -> Option<Instant> {
+    let drift = lease / 100 + Duration::from_millis(2);
+    let end = started + lease.checked_sub(drift)?;
+    (end > Instant::now()).then_some(end)
+}
+
+/// Releases the given holds on their instances, concurrently; returns how many were released.
+async fn release_all(owner: &Owner, holds: &[(Arc<dyn Driver>, u64)]) -> usize {
+    let mut calls = JoinSet::new();
+    for (driver, token) in holds {
+        let (driver, owner, token) = (driver.clone(), owner.clone(), *token);
+        calls.spawn(async move { driver.release(&owner, token, &op_id(), false).await });
+    }
+    let mut released = 0;
+    while let Some(joined) = calls.join_next().await {
+        if let Ok(Ok(Released::Yes { .. })) = joined {
+            released += 1;
+        }
+    }
+    released
+}
+
+/// A random pause up to `max` (breaks ties between contenders that split the instances).
+fn jitter(max: Duration) -> Duration {
+    let random = uuid::Uuid::new_v4().as_u128() as u64;
+    Duration::from_micros(random % (max.as_micros() as u64 + 1))
+}
+
+/// Waits until any registration is woken or `limit` passes.
+async fn wait_any(registrations: &[Registration], limit: Duration) {
+    let mut waits: Vec<Pin<Box<dyn Future<Output = bool> + Send + '_>>> = registrations
+        .iter()
+        .map(|r| Box::pin(r.wait(limit)) as Pin<Box<dyn Future<Output = bool> + Send + '_>>)
+        .collect();
+    let any = std::future::poll_fn(|cx| {
+        for wait in waits.iter_mut() {
+            if wait.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(());
+            }
+        }
+        Poll::Pending
+    });
+    let _ = tokio::time::timeout(limit, any).await;
+}
+
+/// State shared by a guard and its renewal task.
+struct Shared {
+    deadline: StdMutex<Instant>,
+    lost: watch::Sender<Option<LostCause>>,
+}
+
+impl Shared {
+    fn mark_lost(&self, name: &str, cause: LostCause) {
+        let fired = self.lost.send_if_modified(|slot| {
+            let fire = slot.is_none();
+            if fire {
+                *slot = Some(cause.clone());
+            }
+            fire
+        });
+        if fired {
+            tracing::warn!(lock = name, ?cause, "redlock lost");
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Proof of a Redlock hold on a quorum of instances.
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct RedlockGuard {
+    name: String,
+    owner: Owner,
+    token: u64,
+    holds: Vec<(Arc<dyn Driver>, u64)>,
+    shared: Arc<Shared>,
+    renewal: JoinHandle<()>,
+    armed: bool,
+}
+
+impl RedlockGuard {
+    fn start(
+        lock: &Redlock,
+        owner: Owner,
+        holds: Vec<(Arc<dyn Driver>, u64)>,
+        started: Instant,
+    ) -> RedlockGuard {
+        let lease = lock.lease_ms();
+        let deadline = validity(lease, started).unwrap_or(started);
+        let shared = Arc::new(Shared {
+            deadline: StdMutex::new(deadline),
+            lost: watch::channel(None).0,
+        });
+        let token = holds.iter().map(|(_, t)| *t).max().unwrap_or(0);
+        let renewal = tokio::spawn(keep_alive(
+            lock.name.clone(),
+            owner.clone(),
+            holds.clone(),
+            lock.lease,
+            lock.quorum(),
+            started,
+            shared.clone(),
+        ));
+        RedlockGuard {
+            name: lock.name.clone(),
+            owner,
+            token,
+            holds,
+            shared,
+            renewal,
+            armed: true,
+        }
+    }
+
+    /// The maximum of the instances' fencing tokens (see [`Redlock`] for its caveat).
+    pub fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    /// The owner of the hold.
+    pub fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// How many instances granted the hold.
+    pub fn instances(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// Until when the quorum guarantees the hold (validity after drift), by the local clock.
+    pub fn lease_deadline(&self) -> Instant {
+        self.shared.deadline()
+    }
+
+    /// Why the hold was lost, if it was.
+    pub fn lost_cause(&self) -> Option<LostCause> {
+        self.shared.lost.borrow().clone()
+    }
+
+    /// Resolves when the hold can no longer be guaranteed by a quorum.
+    pub fn lost(&self) -> impl Future<Output = LostCause> + Send + 'static {
+        let mut receiver = self.shared.lost.subscribe();
+        async move {
+            loop {
+                if let Some(cause) = receiver.borrow_and_update().clone() {
+                    return cause;
+                }
+                if receiver.changed().await.is_err() {
+                    return LostCause::Shutdown;
+                }
+            }
+        }
+    }
+
+    /// Releases the hold on every instance. [`Error::NotHeld`] when no instance still had it.
+    pub async fn unlock(mut self) -> Result<()> {
+        self.armed = false;
+        self.renewal.abort();
+        let released = release_all(&self.owner, &self.holds).await;
+        tracing::debug!(lock = %self.name, released, "redlock released");
+        if released == 0 {
+            return Err(Error::NotHeld {
+                lock: self.name.clone(),
+                reason: NotHeldReason::Expired,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RedlockGuard {
+    fn drop(&mut self) {
+        self.renewal.abort();
+        if !self.armed {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (owner, holds) = (self.owner.clone(), std::mem::take(&mut self.holds));
+            runtime.spawn(async move {
+                release_all(&owner, &holds).await;
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for RedlockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedlockGuard")
+            .field("lock", &self.name)
+            .field("token", &self.token)
+            .field("instances", &self.holds.len())
+            .field("lost", &self.lost_cause())
+            .finish()
+    }
+}
+
+/// Renews the holds through the quorum (watchdog lease) or watches the validity (fixed lease).
+async fn keep_alive(
+    name: String,
+    owner: Owner,
+    holds: Vec<(Arc<dyn Driver>, u64)>,
+    lease: Lease,
+    quorum: usize,
+    acquired: Instant,
+    shared: Arc<Shared>,
+) {
+    let (period_lease, cap) = match lease {
+        Lease::Watchdog { lease, max_hold } => (Some(lease), max_hold),
+        Lease::Fixed(_) => (None, None),
+    };
+    loop {
+        let deadline = shared.deadline();
+        let Some(lease) =
+            period_lease.filter(|_| cap.map_or(true, |cap| Instant::now() < acquired + cap))
+        else {
+            tokio::time::sleep_until(deadline).await;
+            shared.mark_lost(&name, LostCause::Expired);
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(lease / 3) => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                shared.mark_lost(&name, LostCause::RenewalFailed("no quorum renewal before the validity ended".into()));
+                return;
+            }
+        }
+        let started = Instant::now();
+        let codes = renew_everywhere(&owner, &holds, lease).await;
+        let renewed = codes.iter().filter(|c| **c == Some(1)).count();
+        match validity(lease, started) {
+            Some(end) if renewed >= quorum => {
+                *shared.deadline.lock().unwrap_or_else(|p| p.into_inner()) = end;
+            }
+            _ => {
+                let gone = codes
+                    .iter()
+                    .filter(|c| matches!(c, Some(0) | Some(-1) | Some(-2)))
+                    .count();
+                let cause = if gone + renewed >= quorum && gone > 0 {
+                    LostCause::KeyDeleted
+                } else {
+                    LostCause::RenewalFailed(format!(
+                        "{renewed} of {} instances renewed, {quorum} needed",
+                        holds.len()
+                    ))
+                };
+                shared.mark_lost(&name, cause);
+                return;
+            }
+        }
+    }
+}
+
+/// One renewal call per instance, concurrently: the renew code of each, None on error.
+async fn renew_everywhere(
+    owner: &Owner,
+    holds: &[(Arc<dyn Driver>, u64)],
+    lease: Duration,
+) -> Vec<Option<i64>> {
+    let mut calls = JoinSet::new();
+    for (driver, token) in holds {
+        let (driver, owner, token) = (driver.clone(), owner.clone(), *token);
+        calls.spawn(async move {
+            let script = driver.renew_script();
+            let mut args: Vec<Value> = vec![(lease.as_millis() as i64).into()];
+            args.extend(driver.renew_args(&owner, token));
+            let timeout = driver.client().config().command_timeout.min(lease / 3);
+            let call = run_ints(
+                driver.client(),
+                script,
+                driver.keys().name(),
+                driver.renew_keys(),
+                args,
+            );
+            match tokio::time::timeout(timeout, call).await {
+                Ok(Ok(codes)) => codes.first().copied(),
+                _ => None,
+            }
+        });
+    }
+    let mut codes = Vec::with_capacity(holds.len());
+    while let Some(joined) = calls.join_next().await {
+        codes.push(joined.ok().flatten());
+    }
+    codes
+}
