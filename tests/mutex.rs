@@ -684,7 +684,10 @@ async fn every_local_waiter_is_woken_in_turn() {
                 })
             })
             .collect();
-        eventually("5 waiters registered", || async { locks.stats().waiting == 5 }).await;
+        eventually("5 waiters registered", || async {
+            locks.stats().waiting == 5
+        })
+        .await;
         holder.unlock().await.unwrap();
         for waiter in waiters {
             tokio::time::timeout(HANG, waiter)
