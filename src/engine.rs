@@ -90,9 +90,13 @@ pub(crate) trait Driver: Send + Sync + 'static {
     /// Frees the lock whoever holds it and wakes the next waiter; true if a hold was removed.
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>>;
     /// The script that renews holds of this kind (see `lua/hold_renew.lua` for its contract).
-    fn renew_script(&self) -> &'static Script;
-    /// The keys this lock passes to its renew script for one hold.
-    fn renew_keys(&self) -> Vec<String>;
+    fn renew_script(&self) -> &'static Script {
+        &crate::scripts::SCRIPTS.hold_renew
+    }
+    /// The keys this lock passes to its renew script for one hold (default: the hold key).
+    fn renew_keys(&self) -> Vec<String> {
+        vec![self.keys().key("")]
+    }
     /// The arguments this lock passes to its renew script for one hold.
     fn renew_args(&self, owner: &Owner, token: u64) -> Vec<fred::types::Value> {
         vec![owner.id().into(), token.to_string().into()]

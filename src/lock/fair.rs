@@ -14,7 +14,7 @@ use crate::client::LockClient;
 use crate::engine::{Attempt, BoxFuture, Driver, Released};
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::lock::{acquire_reply, flag_reply, release_args, release_reply, run_ints};
+use crate::lock::{acquire_reply, force_unlock_with, release_with, run_ints, QueueKeys};
 use crate::notify::WaitKind;
 use crate::owner::Owner;
 use crate::scripts::{Script, SCRIPTS};
@@ -22,37 +22,18 @@ use crate::scripts::{Script, SCRIPTS};
 pub(crate) struct FairDriver {
     client: LockClient,
     keys: LockKeys,
-    hold: String,
+    queue: QueueKeys,
     fence: String,
-    queue: String,
-    alive: String,
 }
 
 impl FairDriver {
     pub(crate) fn new(client: LockClient, keys: LockKeys) -> Self {
         FairDriver {
-            hold: keys.key(""),
+            queue: QueueKeys::new(&keys),
             fence: keys.key("fence"),
-            queue: keys.key("queue"),
-            alive: keys.key("alive"),
             keys,
             client,
         }
-    }
-
-    /// hold, queue, alive, events, seq: the keys of every script that may hand the turn on.
-    fn handoff_keys(&self) -> Vec<String> {
-        vec![
-            self.hold.clone(),
-            self.queue.clone(),
-            self.alive.clone(),
-            self.keys.events().to_owned(),
-            self.keys.seq().to_owned(),
-        ]
-    }
-
-    async fn run(&self, script: &Script, keys: Vec<String>, args: Vec<Value>) -> Result<Vec<i64>> {
-        run_ints(&self.client, script, self.keys.name(), keys, args).await
     }
 }
 
@@ -92,16 +73,10 @@ impl Driver for FairDriver {
                 waiter_lease.into(),
             ];
             args.extend(core.event_args(&self.keys));
-            let keys = vec![
-                self.hold.clone(),
-                self.fence.clone(),
-                self.queue.clone(),
-                self.alive.clone(),
-                self.keys.events().to_owned(),
-                self.keys.seq().to_owned(),
-            ];
-            let script = &SCRIPTS.fair_acquire;
-            let reply = self.run(script, keys, args).await?;
+            let mut keys = self.queue.handoff(&self.keys);
+            keys.insert(1, self.fence.clone()); // hold, fence, queue, alive, events, seq
+            let script: &Script = &SCRIPTS.fair_acquire;
+            let reply = run_ints(&self.client, script, self.keys.name(), keys, args).await?;
             acquire_reply(&self.client, script, &reply)
         })
     }
@@ -113,48 +88,38 @@ impl Driver for FairDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        Box::pin(async move {
-            let mut args = release_args(&self.client, owner, token, op, all);
-            args.extend(self.client.core().event_args(&self.keys));
-            let script = &SCRIPTS.fair_release;
-            let reply = self.run(script, self.handoff_keys(), args).await?;
-            release_reply(script, &reply)
-        })
-    }
-
-    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
-        Box::pin(async move {
-            let script = &SCRIPTS.fair_force_unlock;
-            let args = self.client.core().event_args(&self.keys);
-            let reply = self.run(script, self.handoff_keys(), args).await?;
-            flag_reply(script, &reply)
-        })
-    }
-
-    fn renew_script(&self) -> &'static Script {
-        &SCRIPTS.hold_renew
-    }
-
-    fn renew_keys(&self) -> Vec<String> {
-        vec![self.hold.clone()]
-    }
-
-    fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
-        Some((
-            &SCRIPTS.fair_heartbeat,
-            [self.hold.clone(), self.queue.clone(), self.alive.clone()],
+        let keys = self.queue.handoff(&self.keys);
+        Box::pin(release_with(
+            &self.client,
+            &self.keys,
+            &SCRIPTS.fair_release,
+            keys,
+            owner,
+            token,
+            op,
+            all,
+            Vec::new(),
         ))
     }
 
+    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
+        let keys = self.queue.handoff(&self.keys);
+        Box::pin(force_unlock_with(
+            &self.client,
+            &self.keys,
+            &SCRIPTS.fair_force_unlock,
+            keys,
+        ))
+    }
+
+    fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
+        self.queue.heartbeat()
+    }
+
     fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
-        Some(Box::pin(async move {
-            let mut args: Vec<Value> = vec![waiter.as_ref().into()];
-            args.extend(self.client.core().event_args(&self.keys));
-            let script = &SCRIPTS.fair_leave;
-            let reply = self.run(script, self.handoff_keys(), args).await?;
-            let left = flag_reply(script, &reply)?;
-            tracing::debug!(lock = self.keys.name(), left, "left the wait queue");
-            Ok(())
-        }))
+        Some(
+            self.queue
+                .leave(self.client.clone(), self.keys.clone(), waiter),
+        )
     }
 }

@@ -18,8 +18,9 @@ use tokio::time::Instant;
 
 use crate::client::LockClient;
 use crate::config::{check_duration, MAX_DURATION};
-use crate::engine::{acquire, Attempt, Driver, Patience, Released};
+use crate::engine::{acquire, Attempt, BoxFuture, Driver, Patience, Released};
 use crate::error::{Error, NotHeldReason, Result};
+use crate::keys::LockKeys;
 use crate::lease::{clamp_ttl, Lease};
 use crate::lock::guard::LockGuard;
 use crate::owner::Owner;
@@ -148,6 +149,93 @@ pub(crate) fn release_args(
         if all { "1" } else { "0" }.into(),
         (client.core().tombstone_ttl().as_millis() as i64).into(),
     ]
+}
+
+/// Runs a release script (ARGV: [`release_args`], the event arguments, then `extra`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn release_with(
+    client: &LockClient,
+    keys: &LockKeys,
+    script: &Script,
+    script_keys: Vec<String>,
+    owner: &Owner,
+    token: u64,
+    op: &str,
+    all: bool,
+    extra: Vec<Value>,
+) -> Result<Released> {
+    let mut args = release_args(client, owner, token, op, all);
+    args.extend(client.core().event_args(keys));
+    args.extend(extra);
+    let reply = run_ints(client, script, keys.name(), script_keys, args).await?;
+    release_reply(script, &reply)
+}
+
+/// Runs a force-unlock script (ARGV: the event arguments).
+pub(crate) async fn force_unlock_with(
+    client: &LockClient,
+    keys: &LockKeys,
+    script: &Script,
+    script_keys: Vec<String>,
+) -> Result<bool> {
+    let args = client.core().event_args(keys);
+    let reply = run_ints(client, script, keys.name(), script_keys, args).await?;
+    flag_reply(script, &reply)
+}
+
+/// The keys of a lock that queues its waiters in Redis (fair lock, read-write lock).
+pub(crate) struct QueueKeys {
+    pub(crate) hold: String,
+    pub(crate) queue: String,
+    pub(crate) alive: String,
+}
+
+impl QueueKeys {
+    pub(crate) fn new(keys: &LockKeys) -> Self {
+        QueueKeys {
+            hold: keys.key(""),
+            queue: keys.key("queue"),
+            alive: keys.key("alive"),
+        }
+    }
+
+    /// The heartbeat script and its per-lock keys (see [`Driver::wait_queue`]).
+    pub(crate) fn heartbeat(&self) -> Option<(&'static Script, [String; 3])> {
+        Some((
+            &SCRIPTS.fair_heartbeat,
+            [self.hold.clone(), self.queue.clone(), self.alive.clone()],
+        ))
+    }
+
+    /// hold, queue, alive, events, seq: the keys of every script that may hand the turn on.
+    pub(crate) fn handoff(&self, keys: &LockKeys) -> Vec<String> {
+        vec![
+            self.hold.clone(),
+            self.queue.clone(),
+            self.alive.clone(),
+            keys.events().to_owned(),
+            keys.seq().to_owned(),
+        ]
+    }
+
+    /// Leaves the queue (`lua/fair_leave.lua`), handing the turn on if the waiter was head.
+    pub(crate) fn leave(
+        &self,
+        client: LockClient,
+        keys: LockKeys,
+        waiter: Arc<str>,
+    ) -> BoxFuture<'static, Result<()>> {
+        let script_keys = self.handoff(&keys);
+        Box::pin(async move {
+            let mut args: Vec<Value> = vec![waiter.as_ref().into()];
+            args.extend(client.core().event_args(&keys));
+            let script = &SCRIPTS.fair_leave;
+            let reply = run_ints(&client, script, keys.name(), script_keys, args).await?;
+            let left = flag_reply(script, &reply)?;
+            tracing::debug!(lock = keys.name(), left, "left the wait queue");
+            Ok(())
+        })
+    }
 }
 
 /// Decodes `{1}` / `{0}` (force unlock scripts).

@@ -12,11 +12,11 @@ use crate::lease::Lease;
 use crate::lock::fair::FairDriver;
 use crate::lock::guard::LockGuard;
 use crate::lock::{
-    acquire_reply, flag_reply, inspect, release_args, release_reply, run_ints, Acquirer, LockState,
+    acquire_reply, force_unlock_with, inspect, release_with, run_ints, Acquirer, LockState,
 };
 use crate::notify::WaitKind;
 use crate::owner::Owner;
-use crate::scripts::{Script, SCRIPTS};
+use crate::scripts::SCRIPTS;
 
 /// An exclusive, reentrant distributed lock (Redisson's `RLock` / `RFairLock`).
 ///
@@ -186,15 +186,6 @@ impl MutexDriver {
             self.keys.seq().to_owned(),
         ]
     }
-
-    async fn run(
-        &self,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<fred::types::Value>,
-    ) -> Result<Vec<i64>> {
-        run_ints(&self.client, script, self.keys.name(), keys, args).await
-    }
 }
 
 impl Driver for MutexDriver {
@@ -224,19 +215,20 @@ impl Driver for MutexDriver {
             let local = self.client.waiters().waiting_on(self.keys.id());
             let others = local > usize::from(waiting);
             let script = &SCRIPTS.mutex_acquire;
-            let reply = self
-                .run(
-                    script,
-                    vec![self.hold.clone(), self.fence.clone(), self.waiters.clone()],
-                    vec![
-                        owner.id().into(),
-                        (lease.as_millis() as i64).into(),
-                        op.into(),
-                        if waiting { grace } else { 0 }.into(),
-                        if others { "1" } else { "0" }.into(),
-                    ],
-                )
-                .await?;
+            let reply = run_ints(
+                &self.client,
+                script,
+                self.keys.name(),
+                vec![self.hold.clone(), self.fence.clone(), self.waiters.clone()],
+                vec![
+                    owner.id().into(),
+                    (lease.as_millis() as i64).into(),
+                    op.into(),
+                    if waiting { grace } else { 0 }.into(),
+                    if others { "1" } else { "0" }.into(),
+                ],
+            )
+            .await?;
             acquire_reply(&self.client, script, &reply)
         })
     }
@@ -248,29 +240,25 @@ impl Driver for MutexDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        Box::pin(async move {
-            let mut args = release_args(&self.client, owner, token, op, all);
-            args.extend(self.client.core().event_args(&self.keys));
-            let script = &SCRIPTS.mutex_release;
-            let reply = self.run(script, self.event_keys(), args).await?;
-            release_reply(script, &reply)
-        })
+        Box::pin(release_with(
+            &self.client,
+            &self.keys,
+            &SCRIPTS.mutex_release,
+            self.event_keys(),
+            owner,
+            token,
+            op,
+            all,
+            Vec::new(),
+        ))
     }
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
-        Box::pin(async move {
-            let script = &SCRIPTS.mutex_force_unlock;
-            let args = self.client.core().event_args(&self.keys);
-            let reply = self.run(script, self.event_keys(), args).await?;
-            flag_reply(script, &reply)
-        })
-    }
-
-    fn renew_script(&self) -> &'static Script {
-        &SCRIPTS.hold_renew
-    }
-
-    fn renew_keys(&self) -> Vec<String> {
-        vec![self.hold.clone()]
+        Box::pin(force_unlock_with(
+            &self.client,
+            &self.keys,
+            &SCRIPTS.mutex_force_unlock,
+            self.event_keys(),
+        ))
     }
 }

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
-use crate::lock::{acquire_reply, flag_reply, release_args, release_reply, run_ints, Acquirer};
+use crate::lock::{acquire_reply, force_unlock_with, release_with, run_ints, Acquirer, QueueKeys};
 use crate::notify::WaitKind;
 use crate::owner::Owner;
 use crate::scripts::{Script, SCRIPTS};
@@ -203,31 +203,23 @@ pub(crate) struct RwDriver {
     client: LockClient,
     keys: LockKeys,
     mode: Mode,
-    hold: String,
+    queue: QueueKeys,
     readers: String,
     fence: String,
-    queue: String,
-    alive: String,
     done: String,
 }
 
 impl RwDriver {
     fn new(client: LockClient, keys: LockKeys, mode: Mode) -> Self {
         RwDriver {
-            hold: keys.key(""),
+            queue: QueueKeys::new(&keys),
             readers: keys.key("readers"),
             fence: keys.key("fence"),
-            queue: keys.key("queue"),
-            alive: keys.key("alive"),
             done: keys.key("done"),
             keys,
             client,
             mode,
         }
-    }
-
-    async fn run(&self, script: &Script, keys: Vec<String>, args: Vec<Value>) -> Result<Vec<i64>> {
-        run_ints(&self.client, script, self.keys.name(), keys, args).await
     }
 
     fn retry_window_ms(&self) -> i64 {
@@ -277,11 +269,11 @@ impl Driver for RwDriver {
                 0
             };
             let keys = vec![
-                self.hold.clone(),
+                self.queue.hold.clone(),
                 self.readers.clone(),
                 self.fence.clone(),
-                self.queue.clone(),
-                self.alive.clone(),
+                self.queue.queue.clone(),
+                self.queue.alive.clone(),
             ];
             let args: Vec<Value> = vec![
                 owner.id().into(),
@@ -293,7 +285,7 @@ impl Driver for RwDriver {
                 self.retry_window_ms().into(),
             ];
             let script = &SCRIPTS.rw_acquire;
-            let reply = self.run(script, keys, args).await?;
+            let reply = run_ints(&self.client, script, self.keys.name(), keys, args).await?;
             if reply.first() == Some(&-2) {
                 return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
             }
@@ -308,39 +300,42 @@ impl Driver for RwDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        Box::pin(async move {
-            let mut args = release_args(&self.client, owner, token, op, all);
-            args.extend(self.client.core().event_args(&self.keys));
-            args.push(self.mode.as_str().into());
-            let keys = vec![
-                self.hold.clone(),
-                self.readers.clone(),
-                self.done.clone(),
-                self.queue.clone(),
-                self.alive.clone(),
-                self.keys.events().to_owned(),
-                self.keys.seq().to_owned(),
-            ];
-            let script = &SCRIPTS.rw_release;
-            let reply = self.run(script, keys, args).await?;
-            release_reply(script, &reply)
-        })
+        let keys = vec![
+            self.queue.hold.clone(),
+            self.readers.clone(),
+            self.done.clone(),
+            self.queue.queue.clone(),
+            self.queue.alive.clone(),
+            self.keys.events().to_owned(),
+            self.keys.seq().to_owned(),
+        ];
+        Box::pin(release_with(
+            &self.client,
+            &self.keys,
+            &SCRIPTS.rw_release,
+            keys,
+            owner,
+            token,
+            op,
+            all,
+            vec![self.mode.as_str().into()],
+        ))
     }
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
-        Box::pin(async move {
-            let keys = vec![
-                self.hold.clone(),
-                self.readers.clone(),
-                self.queue.clone(),
-                self.keys.events().to_owned(),
-                self.keys.seq().to_owned(),
-            ];
-            let script = &SCRIPTS.rw_force_unlock;
-            let args = self.client.core().event_args(&self.keys);
-            let reply = self.run(script, keys, args).await?;
-            flag_reply(script, &reply)
-        })
+        let keys = vec![
+            self.queue.hold.clone(),
+            self.readers.clone(),
+            self.queue.queue.clone(),
+            self.keys.events().to_owned(),
+            self.keys.seq().to_owned(),
+        ];
+        Box::pin(force_unlock_with(
+            &self.client,
+            &self.keys,
+            &SCRIPTS.rw_force_unlock,
+            keys,
+        ))
     }
 
     fn renew_script(&self) -> &'static Script {
@@ -348,7 +343,7 @@ impl Driver for RwDriver {
     }
 
     fn renew_keys(&self) -> Vec<String> {
-        vec![self.hold.clone(), self.readers.clone()]
+        vec![self.queue.hold.clone(), self.readers.clone()]
     }
 
     fn renew_args(&self, owner: &Owner, token: u64) -> Vec<Value> {
@@ -360,26 +355,13 @@ impl Driver for RwDriver {
     }
 
     fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
-        Some((
-            &SCRIPTS.fair_heartbeat,
-            [self.hold.clone(), self.queue.clone(), self.alive.clone()],
-        ))
+        self.queue.heartbeat()
     }
 
     fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
-        Some(Box::pin(async move {
-            let mut args: Vec<Value> = vec![waiter.as_ref().into()];
-            args.extend(self.client.core().event_args(&self.keys));
-            let keys = vec![
-                self.hold.clone(),
-                self.queue.clone(),
-                self.alive.clone(),
-                self.keys.events().to_owned(),
-                self.keys.seq().to_owned(),
-            ];
-            let script = &SCRIPTS.fair_leave;
-            let reply = self.run(script, keys, args).await?;
-            flag_reply(script, &reply).map(|_| ())
-        }))
+        Some(
+            self.queue
+                .leave(self.client.clone(), self.keys.clone(), waiter),
+        )
     }
 }
