@@ -20,6 +20,11 @@
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {0, ms to wait at most before trying again} otherwise.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'string')
+fl_expect(KEYS[3], 'list')
+fl_expect(KEYS[4], 'zset')
+fl_expect_events(KEYS[5], KEYS[6], ARGV[6])
 local hold, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, lease, op, id, waiter_lease = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 

@@ -5,6 +5,10 @@
 -- ARGV[1] notification mode, ARGV[2] stream max length, ARGV[3] lock id (see lib/notify.lua)
 --
 -- Returns {1} when a hold was removed, {0} when the lock was free.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'list')
+fl_expect(KEYS[3], 'zset')
+fl_expect_events(KEYS[4], KEYS[5], ARGV[1])
 if not redis.call('HGET', KEYS[1], 'o') then
   return {0}
 end

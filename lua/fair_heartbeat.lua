@@ -13,6 +13,12 @@
 --
 -- Returns one code per waiter id, in order: 1 refreshed, 0 not queued (evicted or already
 -- acquired; an evicted waiter that is still alive re-joins at the tail on its next attempt).
+fl_expect_events(KEYS[1], KEYS[2], ARGV[2])
+for i = 3, #KEYS, 3 do
+  fl_expect(KEYS[i], 'hash')
+  fl_expect(KEYS[i + 1], 'list')
+  fl_expect(KEYS[i + 2], 'zset')
+end
 local lease = tonumber(ARGV[1])
 local now = fl_now()
 local codes = {}

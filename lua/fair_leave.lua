@@ -8,6 +8,10 @@
 -- If the leaving waiter was the head of a free lock, the turn passes to the next live waiter at
 -- once (one `name` event), without waiting for any lease.
 -- Returns {1} when the waiter was queued, {0} when it was not.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'list')
+fl_expect(KEYS[3], 'zset')
+fl_expect_events(KEYS[4], KEYS[5], ARGV[2])
 local was_queued = redis.call('ZSCORE', KEYS[3], ARGV[1]) ~= false
 local was_head = fl_leave(KEYS[2], KEYS[3], ARGV[1])
 if was_head and not redis.call('HGET', KEYS[1], 'o') then

@@ -14,6 +14,10 @@
 -- When the lock becomes free, dead waiters at the head are evicted and one `name` event wakes
 -- the first live waiter only.
 -- Returns {1, holds left} when released, {0, 0} when not held, {-1, 0} when held by another.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'list')
+fl_expect(KEYS[3], 'zset')
+fl_expect_events(KEYS[4], KEYS[5], ARGV[6])
 local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 if status == 'freed' then
   local head = fl_head(KEYS[2], KEYS[3], fl_now())

@@ -4,6 +4,7 @@
 -- ARGV    none
 --
 -- Returns {locked (0|1), hold count, fencing token (0 when free), remaining ttl in ms (-2 when free)}.
+fl_expect(KEYS[1], 'hash')
 local hold = KEYS[1]
 local fields = redis.call('HMGET', hold, 'o', 'c', 'f')
 if not fields[1] then

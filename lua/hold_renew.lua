@@ -8,6 +8,9 @@
 -- Returns an array with one code per key:
 --   1 renewed, 0 the key is gone (expired or deleted), -1 another owner holds it,
 --  -2 the same owner holds it under a newer fencing token (this hold was lost meanwhile).
+for _, key in ipairs(KEYS) do
+  fl_expect(key, 'hash')
+end
 local lease = tonumber(ARGV[1])
 local codes = {}
 for i, hold in ipairs(KEYS) do

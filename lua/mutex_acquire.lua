@@ -14,13 +14,13 @@
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {0, remaining ttl of the hold in ms} when another owner holds the lock,
---         a WRONGTYPE error when the marker key holds a foreign value (nothing is changed).
+--         a WRONGTYPE error (and no change) when any key holds a foreign value (lib/check.lua).
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'string')
+fl_expect(KEYS[3], 'string')
 local hold, fence, waiters = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 
-if not fl_marker_ok(waiters) then
-  return redis.error_reply('WRONGTYPE the waiter marker holds a foreign value')
-end
 local current = redis.call('HGET', hold, 'o')
 if not current then
   if ARGV[5] == '1' then
@@ -33,7 +33,7 @@ if current == owner then
 end
 
 local ttl = redis.call('PTTL', hold)
-if grace > 0 and ttl > 0 and fl_marker_ok(waiters) then
+if grace > 0 and ttl > 0 then
   local want = ttl + grace
   if redis.call('PTTL', waiters) < want then
     redis.call('SET', waiters, '1', 'PX', want)

@@ -5,10 +5,10 @@
 -- ARGV[1] notification mode, ARGV[2] stream max length, ARGV[3] lock id (see notify.lua)
 --
 -- Returns {1} when a hold was removed, {0} when the lock was free.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'string')
+fl_expect_events(KEYS[3], KEYS[4], ARGV[1])
 local hold, waiters = KEYS[1], KEYS[2]
-if not fl_marker_ok(waiters) then
-  return redis.error_reply('WRONGTYPE the waiter marker holds a foreign value')
-end
 if not redis.call('HGET', hold, 'o') then
   return {0}
 end

@@ -16,9 +16,9 @@
 -- Returns {1, holds left} when released (0: the lock is free now),
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it.
-if not fl_marker_ok(KEYS[2]) then
-  return redis.error_reply('WRONGTYPE the waiter marker holds a foreign value')
-end
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'string')
+fl_expect_events(KEYS[3], KEYS[4], ARGV[6])
 local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 if status == 'freed' and redis.call('DEL', KEYS[2]) == 1 then
   fl_emit(KEYS[3], KEYS[4], ARGV[6], ARGV[7], ARGV[8], 'one', '')

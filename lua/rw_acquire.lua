@@ -23,6 +23,11 @@
 --         the fencing counter when the owner's read hold began),
 --         {0, ms to wait at most before trying again} when it must wait,
 --         {-2} when the owner holds a read hold and asked for a write hold.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'zset')
+fl_expect(KEYS[3], 'string')
+fl_expect(KEYS[4], 'list')
+fl_expect(KEYS[5], 'zset')
 local H, R, F, Q, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, lease, op, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, mode, tomb = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])

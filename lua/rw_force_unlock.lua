@@ -5,6 +5,10 @@
 -- ARGV[1] notification mode, ARGV[2] stream max length, ARGV[3] lock id (see lib/notify.lua)
 --
 -- Returns {1} when any hold was removed, {0} when the lock was free.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'zset')
+fl_expect(KEYS[3], 'list')
+fl_expect_events(KEYS[4], KEYS[5], ARGV[1])
 local removed = redis.call('DEL', KEYS[1], KEYS[2])
 if removed > 0 and redis.call('LLEN', KEYS[3]) > 0 then
   fl_emit(KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3], 'chain', '')

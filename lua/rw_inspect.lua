@@ -6,6 +6,8 @@
 --
 -- Returns {write held (0|1), write hold count, write fencing token (0 when free),
 --          live reader owners, ms until the last live hold ends (-2 when free)}.
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'zset')
 local H, R = KEYS[1], KEYS[2]
 local now = fl_now()
 local writer = redis.call('HGET', H, 'w')

@@ -18,6 +18,12 @@
 --
 -- Returns {1, holds of this kind left} when released, {0, 0} when not held (expired),
 --         {-1, 0} when held under another token (a newer hold of this owner).
+fl_expect(KEYS[1], 'hash')
+fl_expect(KEYS[2], 'zset')
+fl_expect(KEYS[3], 'zset')
+fl_expect(KEYS[4], 'list')
+fl_expect(KEYS[5], 'zset')
+fl_expect_events(KEYS[6], KEYS[7], ARGV[6])
 local H, R, D, Q, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, token, op, all, tomb = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local mode = ARGV[9]

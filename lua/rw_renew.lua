@@ -8,6 +8,10 @@
 -- Returns one code per hold: 1 renewed, 0 gone (expired or deleted), -2 the owner holds it
 -- under another token (this hold was lost meanwhile). A read hold never blocks renewing another
 -- reader's hold, and renewing one never extends another.
+for i = 1, #KEYS, 2 do
+  fl_expect(KEYS[i], 'hash')
+  fl_expect(KEYS[i + 1], 'zset')
+end
 local lease = tonumber(ARGV[1])
 local now = fl_now()
 local codes = {}

@@ -21,9 +21,10 @@ pub(crate) struct Script {
 }
 
 impl Script {
-    /// A script made of the given library preludes followed by its own source.
+    /// A script made of the type checks, the given library preludes and its own source.
     fn new(name: &'static str, source: &str, libraries: &[&str]) -> Script {
-        let mut body = String::new();
+        let mut body = String::from(CHECK);
+        body.push('\n');
         for library in libraries {
             body.push_str(library);
             body.push('\n');
@@ -62,6 +63,7 @@ impl Script {
 }
 
 /// Library preludes (`lua/lib/`): shared Lua functions, written once.
+const CHECK: &str = include_str!("../lua/lib/check.lua");
 const NOTIFY: &str = include_str!("../lua/lib/notify.lua");
 const HOLD: &str = include_str!("../lua/lib/hold.lua");
 const QUEUE: &str = include_str!("../lua/lib/queue.lua");
@@ -87,6 +89,7 @@ macro_rules! scripts {
         #[cfg(test)]
         const SOURCES: &[(&str, &str)] = &[
             $((stringify!($field), include_str!(concat!("../lua/", stringify!($field), ".lua"))),)*
+            ("check", CHECK),
             ("notify", NOTIFY),
             ("hold", HOLD),
             ("queue", QUEUE),
@@ -146,7 +149,7 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library = ["notify", "hold", "queue", "rw"].contains(file);
+            let library = ["check", "notify", "hold", "queue", "rw"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");

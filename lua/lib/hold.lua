@@ -14,8 +14,6 @@
 -- fl_release(hold, owner, token, op, all, tomb)   -> status, holds left
 --   status: 'partial' (holds left > 0), 'freed' (the hold is gone now), 'retried' (this op was
 --   already applied), 'absent' (nobody holds it), 'other' (another owner or token holds it).
--- fl_marker_ok(marker)                            -> true if the waiter marker key is free or ours
---   (a string); scripts refuse to touch a foreign value there.
 -- fl_release_reply(status, left)                  -> the reply of a release script:
 --   {1, holds left} released, {0, 0} not held, {-1, 0} held by another owner or token.
 local function fl_take(hold, fence, owner, op, lease)
@@ -60,11 +58,6 @@ local function fl_release(hold, owner, token, op, all, tomb)
   redis.call('HSET', hold, 'r', op)
   redis.call('PEXPIRE', hold, tomb)
   return 'freed', 0
-end
-
-local function fl_marker_ok(marker)
-  local kind = redis.call('TYPE', marker).ok
-  return kind == 'none' or kind == 'string'
 end
 
 local function fl_release_reply(status, left)
