@@ -77,7 +77,7 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
     ];
     for mode in MODES {
         for (case, &(kind, role, ours_is_string)) in roles.iter().enumerate() {
-            let prefix = format!("hostile-{}-{case}", mode.clone() as u8);
+            let prefix = format!("hostile-{}-{case}", mode as u8);
             let locks = LockClient::connect(config(&server, mode, &prefix))
                 .await
                 .unwrap();
