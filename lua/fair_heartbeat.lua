@@ -39,7 +39,8 @@ while arg <= #ARGV do
     end
   end
   fl_keep(queue, alive, lease)
-  if not redis.call('HGET', hold, 'o') then
+  -- Free: no exclusive owner (fair lock: o) and no writer (read-write lock: w).
+  if not redis.call('HGET', hold, 'o') and not redis.call('HGET', hold, 'w') then
     local head, evicted = fl_head(queue, alive, now)
     if head and evicted > 0 then
       fl_emit(KEYS[1], KEYS[2], ARGV[2], ARGV[3], lock_id, 'name', head)

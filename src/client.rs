@@ -2,13 +2,16 @@
 //!
 //! A client owns exactly:
 //!
-//! * the **command connection** (a fred `Client`; or the service's own, see
+//! * the **command client** (a fred `Client`; or the service's own, see
 //!   [`LockClient::from_client`]) for every script call;
-//! * the **notifier connection**, dedicated to the event reader (a blocking `XREAD` or a
-//!   subscription would stall anything multiplexed behind it);
-//! * three tasks: the event reader, the watchdog and the release worker.
+//! * the **notifier client(s)**, dedicated to the event readers (a blocking `XREAD` or a
+//!   subscription would stall anything multiplexed behind it): one, except in Stream mode on a
+//!   Redis Cluster, where one `XREAD` can only read one slot, so each shard gets its own;
+//! * the tasks: the event reader(s), the watchdog, the waiter heartbeat and the release worker.
 //!
-//! So a process uses two Redis connections however many tasks wait on however many locks.
+//! Connections, whatever the number of waiting tasks and locks: standalone and Sentinel 2;
+//! cluster `masters × 2` in Pub/Sub mode and `masters × (1 + shards)` in Stream mode (fred
+//! connects a cluster client to every master).
 //! Every lock handle and guard keeps the client alive; when the last one is dropped the tasks
 //! stop by themselves. [`LockClient::shutdown`] does the same on demand and releases every
 //! hold first.

@@ -48,8 +48,8 @@
 //!   holder's remaining lease, and reconnects or gaps make every waiter re-check.
 //! * **Cancellation safety**: dropping an acquire future leaves no trace and releases a hold
 //!   its in-flight script obtained.
-//! * **Bounded connections**: two per client (commands, notifier), whatever the number of
-//!   waiters.
+//! * **Bounded connections**: a fixed number per client (2 on a single Redis or Sentinel; see
+//!   [`LockClient`] for clusters), whatever the number of waiters and locks.
 //!
 //! See `docs/design.md` for the data layout, the scripts, the notification protocol and the
 //! failure behaviour.

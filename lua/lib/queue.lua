@@ -5,7 +5,8 @@
 -- `alive` mapping each waiter id to the server time (ms) when its waiter lease ends. Waiters'
 -- clients push the lease forward with batched heartbeats; a waiter whose lease has passed is
 -- dead and is evicted when it reaches the head. Every operation here is O(1) or O(log n) except
--- fl_leave (LREM, only on timeout or cancellation): no script walks the whole queue.
+-- fl_leave (LREM, only on timeout or cancellation). The fair lock never walks the queue; the
+-- read-write lock's reader check (rw_acquire.lua) scans it up to the reader's own place.
 --
 -- fl_now()                                   -> the server clock in ms (TIME)
 -- fl_head(queue, alive, now)                 -> id of the first live waiter or false, and how

@@ -118,6 +118,9 @@ impl Redlock {
     /// Waits at most `timeout`: `Ok(None)` when the lock stayed held elsewhere,
     /// [`Error::NoQuorum`] when too few instances answered until then.
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<RedlockGuard>> {
+        if timeout.is_zero() {
+            return self.try_lock().await;
+        }
         crate::config::check_duration("timeout", timeout, Duration::from_nanos(1))?;
         self.acquire(Some(Some(Instant::now() + timeout))).await
     }
@@ -512,9 +515,15 @@ async fn keep_alive(
     };
     loop {
         let deadline = shared.deadline();
-        let Some(lease) =
-            period_lease.filter(|_| cap.map_or(true, |cap| Instant::now() < acquired + cap))
-        else {
+        // The renewal lease never reaches past the max_hold cap.
+        let capped = |lease: Duration| match cap {
+            None => Some(lease),
+            Some(cap) => {
+                let left = (acquired + cap).saturating_duration_since(Instant::now());
+                (left >= crate::config::MIN_LEASE).then(|| lease.min(left))
+            }
+        };
+        let Some(lease) = period_lease.and_then(capped) else {
             tokio::time::sleep_until(deadline).await;
             shared.mark_lost(&name, LostCause::Expired);
             return;

@@ -1,6 +1,6 @@
 //! Push notifications: one reader per process, one local waiter queue per lock.
 //!
-//! Scripts that free a lock while someone may be waiting emit one event (see `lua/notify.lua`)
+//! Scripts that free a lock while someone may be waiting emit one event (see `lua/lib/notify.lua`)
 //! into their shard's stream or channel, atomically with the state change. Each process runs a
 //! single reader ([`stream`] or [`pubsub`]) on its own connection; it turns every event into a
 //! wakeup of the *local* waiters of that lock, kept in [`WaiterTable`] (a `DashMap` from lock id

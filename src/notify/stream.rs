@@ -1,7 +1,7 @@
 //! Stream mode: `XREAD BLOCK` over every shard's event stream on the dedicated connection.
 //!
-//! The reader starts from a position taken from the server clock *before* the client is
-//! returned to the caller, and afterwards always passes the last ID it saw, so it never skips
+//! The reader starts from each stream's newest entry (read with `XREVRANGE` *before* the client
+//! is returned to the caller), and afterwards always passes the last ID it saw, so it never skips
 //! an entry that exists, across any number of reconnects. If entries were trimmed before it
 //! read them (a reader further behind than `stream_max_len`), the per-shard sequence numbers
 //! show the gap and every local waiter re-checks.
