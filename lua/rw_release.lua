@@ -2,8 +2,8 @@
 -- Uses lib/queue.lua, lib/rw.lua and lib/notify.lua.
 --
 -- Freeing the write hold (a write unlock or the write half of a downgrade) and freeing the
--- last read hold each emit ONE `chain` event when waiters are queued: every process wakes the
--- head of its local queue and, if that is a reader, the readers right behind it.
+-- last read hold each emit ONE event when waiters are queued (see fl_rw_wake in lib/rw.lua):
+-- a writer at the head of the queue is woken by name; a reader at the head starts a chain.
 --
 -- KEYS[1] hold H, KEYS[2] readers R, KEYS[3] done D (see lib/rw.lua)
 -- KEYS[4] queue, KEYS[5] alive (see lib/queue.lua)
@@ -75,7 +75,7 @@ end
 
 fl_rw_done(H, D, owner, op, now, tomb)
 fl_rw_keep(H, R, now, tomb)
-if freed and redis.call('LLEN', Q) > 0 then
-  fl_emit(KEYS[6], KEYS[7], ARGV[6], ARGV[7], ARGV[8], 'chain', '')
+if freed then
+  fl_rw_wake(Q, A, now, KEYS[6], KEYS[7], ARGV[6], ARGV[7], ARGV[8])
 end
 return {1, left}

@@ -206,7 +206,7 @@ async fn open_notifiers(command: &Client, config: &Config, clustered: bool) -> R
 
 /// The shards reader `index` of `readers` covers.
 fn reader_shards(keyspace: &Keyspace, readers: usize, index: usize) -> Vec<u16> {
-    (0..keyspace.shards())
+    (0..keyspace.event_shards())
         .filter(|shard| usize::from(*shard) % readers == index)
         .collect()
 }
@@ -291,8 +291,8 @@ impl LockClient {
     }
 
     async fn start(command: Client, owns_command: bool, config: Config) -> Result<LockClient> {
-        let keyspace = Keyspace::new(&config.key_prefix, config.shards);
         let clustered = command.is_clustered();
+        let keyspace = Keyspace::new(&config.key_prefix, config.shards, clustered);
         let started = async {
             check_layout(&command, &keyspace, &config).await?;
             let notifiers = open_notifiers(&command, &config, clustered).await?;
@@ -531,7 +531,7 @@ pub struct ClientStats {
 async fn check_layout(redis: &Client, keyspace: &Keyspace, config: &Config) -> Result<()> {
     let key = keyspace.layout();
     let ours = format!(
-        "v1 shards={} notification={}",
+        "v2 shards={} notification={}",
         keyspace.shards(),
         config.notification.as_str()
     );

@@ -58,6 +58,10 @@ pub enum Error {
     /// Authentication was refused (wrong password or ACL user).
     #[error("Redis refused authentication: {0}")]
     Auth(#[source] fred::error::Error),
+    /// The Redis ACL user may not run a command or touch a key the crate needs (`NOPERM`).
+    /// Retrying does not help; grant the commands and keys listed in `docs/design.md`.
+    #[error("Redis ACL refused an operation: {0}")]
+    Permission(#[source] fred::error::Error),
     /// One of the keys the lock uses (its hold, fencing counter, waiter marker or queue) holds
     /// a value that fredlock did not write: another type (`WRONGTYPE`) or a non-numeric
     /// counter. The script changed nothing; the foreign value is left alone.
@@ -129,6 +133,9 @@ impl Error {
                 lock: lock.to_owned(),
                 key: key.to_owned(),
             };
+        }
+        if details.contains("NOPERM") {
+            return Error::Permission(err);
         }
         if details.contains("OOM ") || details.starts_with("OOM") {
             return Error::OutOfMemory(err);

@@ -9,8 +9,9 @@
 //! {fredlock:7}:mutex:orders          hold hash      {o, c, f, r}
 //! {fredlock:7}:mutex.fence:orders    fencing counter (never expires)
 //! {fredlock:7}:mutex.wait:orders     "someone may be waiting" marker (expires with the waiters)
-//! {fredlock:7}:events                the shard's event stream / channel
+//! {fredlock:7}:events                the shard's event stream / channel (Redis Cluster)
 //! {fredlock:7}:seq                   the shard's event counter (gap detection)
+//! {fredlock:events}, {fredlock:events}:seq   the one stream and counter of a single Redis
 //! ```
 //!
 //! The role (`mutex`, `mutex.fence`, ...) always stands before the name, so no lock name can
@@ -29,18 +30,42 @@ pub const MAX_NAME_LEN: usize = 1024;
 pub(crate) struct Keyspace {
     prefix: Arc<str>,
     shards: u16,
+    /// One event stream per shard (Redis Cluster) or one for all (a single Redis).
+    sharded_events: bool,
 }
 
 impl Keyspace {
-    pub(crate) fn new(prefix: &str, shards: u16) -> Self {
+    /// `sharded_events`: true on a Redis Cluster, where a script may only write the event into
+    /// its lock's own slot. On a single Redis (or behind Sentinel) one stream serves every lock,
+    /// so each reader issues `XREAD` on one key instead of one per shard.
+    pub(crate) fn new(prefix: &str, shards: u16, sharded_events: bool) -> Self {
         Keyspace {
             prefix: prefix.into(),
             shards: shards.max(1),
+            sharded_events,
         }
     }
 
     pub(crate) fn shards(&self) -> u16 {
         self.shards
+    }
+
+    /// How many event streams (or channels) there are: `shards` on a cluster, else 1.
+    pub(crate) fn event_shards(&self) -> u16 {
+        if self.sharded_events {
+            self.shards
+        } else {
+            1
+        }
+    }
+
+    /// The event stream (or channel) number that serves lock shard `shard`.
+    fn event_shard_of(&self, shard: u16) -> u16 {
+        if self.sharded_events {
+            shard
+        } else {
+            0
+        }
     }
 
     /// The hash tag of shard `shard`, braces included.
@@ -53,14 +78,22 @@ impl Keyspace {
         (fnv1a(name.as_bytes()) % u32::from(self.shards)) as u16
     }
 
-    /// The event stream (or channel) of a shard.
-    pub(crate) fn events(&self, shard: u16) -> String {
-        format!("{}:events", self.tag(shard))
+    /// Event stream (or channel) number `n` (see [`Keyspace::event_shards`]).
+    pub(crate) fn events(&self, n: u16) -> String {
+        if self.sharded_events {
+            format!("{}:events", self.tag(n))
+        } else {
+            format!("{{{}:events}}", self.prefix)
+        }
     }
 
-    /// The event counter of a shard.
-    pub(crate) fn seq(&self, shard: u16) -> String {
-        format!("{}:seq", self.tag(shard))
+    /// The event counter of event stream `n`.
+    pub(crate) fn seq(&self, n: u16) -> String {
+        if self.sharded_events {
+            format!("{}:seq", self.tag(n))
+        } else {
+            format!("{{{}:events}}:seq", self.prefix)
+        }
     }
 
     /// Where the layout (shards, notification mode) of this prefix is recorded.
@@ -79,8 +112,8 @@ impl Keyspace {
             id: format!("{kind}:{name}").into(),
             shard,
             base: format!("{tag}:{kind}").into(),
-            events: self.events(shard).into(),
-            seq: self.seq(shard).into(),
+            events: self.events(self.event_shard_of(shard)).into(),
+            seq: self.seq(self.event_shard_of(shard)).into(),
         })
     }
 }
@@ -165,7 +198,7 @@ mod tests {
 
     #[test]
     fn keys_share_one_hash_tag_and_roles_never_collide() {
-        let ks = Keyspace::new("fl", 16);
+        let ks = Keyspace::new("fl", 16, true);
         let a = ks.lock("mutex", "a:w{x}").unwrap();
         let tag = ks.tag(a.shard());
         for key in [a.key(""), a.key("fence"), a.key("wait")] {
@@ -180,7 +213,7 @@ mod tests {
 
     #[test]
     fn shard_is_stable() {
-        let ks = Keyspace::new("fl", 16);
+        let ks = Keyspace::new("fl", 16, true);
         // Published FNV-1a 32 test vectors: the shard of a name must never change.
         assert_eq!(fnv1a(b""), 0x811c_9dc5);
         assert_eq!(fnv1a(b"a"), 0xe40c_292c);
@@ -194,7 +227,7 @@ mod tests {
 
     #[test]
     fn names_are_validated() {
-        let ks = Keyspace::new("fl", 4);
+        let ks = Keyspace::new("fl", 4, true);
         assert!(matches!(ks.lock("mutex", ""), Err(Error::InvalidName(_))));
         let long = "x".repeat(MAX_NAME_LEN + 1);
         assert!(matches!(

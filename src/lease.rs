@@ -8,7 +8,7 @@
 //! is gone or when its deadline passes without a successful renewal. Deadlines are measured
 //! from the moment a request was *sent*, so the local view never outlives the server's.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -198,10 +198,24 @@ impl Hold {
 }
 
 /// Every live hold of one client, by (role, owner, lock).
-#[derive(Default)]
 pub(crate) struct HoldRegistry {
     holds: DashMap<String, Arc<Hold>>,
+    /// Wakes the watchdog early, when a new hold is due before its planned wake-up.
     kick: Notify,
+    /// When the watchdog plans to wake up next, in ms since `epoch`.
+    next_wake_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for HoldRegistry {
+    fn default() -> Self {
+        HoldRegistry {
+            holds: DashMap::new(),
+            kick: Notify::new(),
+            next_wake_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 impl HoldRegistry {
@@ -258,7 +272,15 @@ impl HoldRegistry {
             }
             dashmap::Entry::Vacant(entry) => entry.insert(fresh(driver)).clone(),
         };
-        self.kick.notify_one();
+        // Most holds are due a third of a lease from now, later than the watchdog's next
+        // wake-up: then there is no need to disturb it (a kick costs a task wake-up per lock).
+        let due = {
+            let timing = hold.timing();
+            timing.renew_at.unwrap_or(timing.deadline)
+        };
+        if self.ms_since_epoch(due) < self.next_wake_ms.load(Ordering::Acquire) {
+            self.kick.notify_one();
+        }
         hold
     }
 
@@ -282,6 +304,10 @@ impl HoldRegistry {
     pub(crate) fn len(&self) -> usize {
         self.holds.len()
     }
+
+    fn ms_since_epoch(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_millis() as u64
+    }
 }
 
 /// A batch of holds renewed by one script call: same script, same hash slot, same lease.
@@ -296,6 +322,9 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
     const MAX_BATCH: usize = 256;
     let mut renewals = tokio::task::JoinSet::new();
     loop {
+        // While scanning, every new hold kicks (the scan may miss it); afterwards only holds
+        // due before the planned wake-up do.
+        core.holds.next_wake_ms.store(u64::MAX, Ordering::Release);
         let now = Instant::now();
         let mut next = now + Duration::from_secs(3600);
         let mut batches: std::collections::HashMap<BatchKey, Vec<(Arc<Hold>, Duration)>> =
@@ -345,6 +374,9 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
         }
 
         let sleep_until = next.max(Instant::now() + Duration::from_millis(1));
+        core.holds
+            .next_wake_ms
+            .store(core.holds.ms_since_epoch(sleep_until), Ordering::Release);
         tokio::select! {
             _ = tokio::time::sleep_until(sleep_until) => {}
             _ = core.holds.kick.notified() => {}

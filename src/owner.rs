@@ -22,6 +22,19 @@ impl Owner {
         Owner(uuid::Uuid::new_v4().simple().to_string().into())
     }
 
+    /// The owner with a given id, e.g. one that another process shares so that both re-enter
+    /// the same holds. Ids are 1 to 128 printable ASCII characters. Keep them unguessable (use
+    /// the id of an [`Owner::new`]): whoever knows an owner id can release its holds.
+    pub fn from_id(id: &str) -> crate::Result<Owner> {
+        let printable = id.bytes().all(|b| b.is_ascii_graphic());
+        if id.is_empty() || id.len() > 128 || !printable {
+            return Err(crate::Error::InvalidConfig(
+                "an owner id is 1 to 128 printable ASCII characters".into(),
+            ));
+        }
+        Ok(Owner(id.into()))
+    }
+
     /// The owner's id as stored in Redis. Treat it as a secret: whoever knows it can release the
     /// owner's holds through the scripts.
     pub fn id(&self) -> &str {

@@ -1045,8 +1045,9 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
         .is_none());
         assert!(exists(&server, &single_keys.wait), "waiter marker");
         let single_before = hold_fields(&server, &single_keys.hold);
-        let events_key = format!("{}:events", single_keys.tag);
-        let seq_key = format!("{}:seq", single_keys.tag);
+        // On a single Redis one event stream and counter serve every lock of the prefix.
+        let events_key = format!("{{{prefix}:events}}");
+        let seq_key = format!("{{{prefix}:events}}:seq");
         let seq_before = server.cmd(&["GET", &seq_key]).as_str();
 
         let fresh = locks.mutex("oom-fresh").expect("mutex");

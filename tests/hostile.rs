@@ -88,7 +88,8 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
 
             let name = "target";
             let key = match (kind, role) {
-                ("shard", role) => format!("{{{prefix}:0}}:{role}"),
+                ("shard", "events") => format!("{{{prefix}:events}}"),
+                ("shard", role) => format!("{{{prefix}:events}}:{role}"),
                 (kind, "") => format!("{{{prefix}:0}}:{kind}:{name}"),
                 (kind, role) => format!("{{{prefix}:0}}:{kind}.{role}:{name}"),
             };
@@ -261,7 +262,9 @@ async fn arbitrary_names_are_refused_or_work_and_never_collide() {
     // Every key is under the one hash tag of shard 0.
     for key in server.keys("*") {
         assert!(
-            key.starts_with("{names:0}:") || key == "{names:layout}",
+            key.starts_with("{names:0}:")
+                || key == "{names:layout}"
+                || key.starts_with("{names:events}"),
             "{key:?} escaped the hash tag"
         );
     }

@@ -412,7 +412,7 @@ async fn try_lock_leaves_no_waiter_marker() {
     assert!(mutex.try_lock().await.unwrap().is_none());
     let wait_key = format!("{{{prefix}:0}}:mutex.wait:x");
     assert_eq!(server.cmd(&["EXISTS", &wait_key]).as_int(), 0);
-    let events = format!("{{{prefix}:0}}:events");
+    let events = format!("{{{prefix}:events}}");
     held.unlock().await.unwrap();
     assert_eq!(
         server.cmd(&["XLEN", &events]).as_int(),

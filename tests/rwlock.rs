@@ -356,7 +356,7 @@ fn one_write_release_wakes_queued_readers_in_several_processes_with_one_event() 
             assert!(std::time::Instant::now() < deadline, "readers never queued");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let seq_key = format!("{{{prefix}:0}}:seq");
+        let seq_key = format!("{{{prefix}:events}}:seq");
         let events_before = server.cmd(&["GET", &seq_key]).as_int_or_zero();
         runtime.block_on(writer.unlock()).unwrap();
         let mut wakeups = 0;

@@ -29,7 +29,7 @@
 //! notification modes).
 //!
 //! With such a user a client configured for another prefix fails to connect with
-//! [`Error::Redis`] (the `NOPERM` reply to the layout record), and nothing outside the prefix
+//! [`Error::Permission`] (the `NOPERM` reply to the layout record), and nothing outside the prefix
 //! can be read or written, not even from a script.
 
 mod support;
@@ -559,7 +559,7 @@ async fn acl_refuses_other_prefixes_and_keys() {
             .await
             .expect_err("a prefix outside the ACL must be refused");
         // NOPERM is not an authentication failure: the credentials are fine.
-        assert!(matches!(err, Error::Redis(_)), "{mode:?}: {err:?}");
+        assert!(matches!(err, Error::Permission(_)), "{mode:?}: {err:?}");
         assert!(format!("{err}").contains("NOPERM"), "{err}");
         eprintln!(
             "[{}] prefix outside the ACL: {err} / {err:?}",

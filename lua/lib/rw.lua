@@ -15,6 +15,10 @@
 -- fl_rw_holds(H, owner)         -> true if owner still has a read or write hold
 -- fl_rw_done(H, D, owner, op, now, tomb) -> records op as owner's last op; if owner has no hold
 --                                  left, forgets its op field and remembers op in D instead
+-- fl_rw_wake(Q, A, now, events, seq, mode, maxlen, lock_id) -> when waiters are queued, emits
+--                                  ONE event for the first live one: a writer is named (only it
+--                                  wakes); a reader starts a `chain` (each process wakes its
+--                                  leading readers). Needs lib/notify.lua before this file.
 local function fl_rw_purge(H, R, now)
   local expired = redis.call('ZRANGEBYSCORE', R, '-inf', now)
   for _, owner in ipairs(expired) do
@@ -64,5 +68,17 @@ local function fl_rw_done(H, D, owner, op, now, tomb)
     redis.call('ZREMRANGEBYSCORE', D, '-inf', now)
     redis.call('ZADD', D, now + tomb, op)
     redis.call('PEXPIRE', D, tomb)
+  end
+end
+
+local function fl_rw_wake(Q, A, now, events, seq, mode, maxlen, lock_id)
+  local head = fl_head(Q, A, now)
+  if not head then
+    return
+  end
+  if string.sub(head, 1, 1) == 'w' then
+    fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
+  else
+    fl_emit(events, seq, mode, maxlen, lock_id, 'chain', '')
   end
 end

@@ -329,6 +329,7 @@ impl Driver for RwDriver {
             self.queue.queue.clone(),
             self.keys.events().to_owned(),
             self.keys.seq().to_owned(),
+            self.queue.alive.clone(),
         ];
         Box::pin(force_unlock_with(
             &self.client,

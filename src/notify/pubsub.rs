@@ -52,7 +52,7 @@ async fn run(
     mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
 ) {
     let shard_of: HashMap<String, usize> = reader.shard_of_key();
-    let mut seq = SeqTracker::new(reader.keyspace.shards());
+    let mut seq = SeqTracker::new(reader.keyspace.event_shards());
     loop {
         tokio::select! {
             message = messages.recv() => match message {

@@ -78,7 +78,7 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
         .enumerate()
         .map(|(i, key)| (key.clone(), i))
         .collect();
-    let mut seq = SeqTracker::new(reader.keyspace.shards());
+    let mut seq = SeqTracker::new(reader.keyspace.event_shards());
     let block = reader.config.notifier_block;
     let options = Options {
         timeout: Some(block + reader.config.command_timeout),

@@ -100,12 +100,38 @@ impl RedisCluster {
                     });
                 state_ok && synced
             });
-            if healthy {
+            if healthy && self.views_agree() {
                 return;
             }
             assert!(Instant::now() < deadline, "cluster never became healthy");
             thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Whether every running node's `CLUSTER NODES` shows the same roles (which node is a
+    /// master, which one replicates which master). Redis 6.2 spreads a new replica's role
+    /// over the cluster bus only with later pings, seconds after `master_link_status:up`;
+    /// until its master knows it, `CLUSTER FAILOVER` on the replica times out silently.
+    fn views_agree(&self) -> bool {
+        let views: Vec<Option<Vec<(String, bool, String)>>> = self
+            .nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .map(|node| {
+                let nodes = node.try_cmd(&["CLUSTER", "NODES"]).ok()?.as_str_opt()?;
+                let mut roles: Vec<(String, bool, String)> = nodes
+                    .lines()
+                    .filter_map(|line| {
+                        let f: Vec<&str> = line.split_whitespace().collect();
+                        let replica = f.get(2)?.split(',').any(|flag| flag == "slave");
+                        Some((f[0].to_owned(), replica, f.get(3)?.to_string()))
+                    })
+                    .collect();
+                roles.sort();
+                Some(roles)
+            })
+            .collect();
+        views.iter().all(|v| v.is_some() && *v == views[0])
     }
 
     /// `redis-cluster://` URL naming every node.
