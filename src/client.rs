@@ -45,8 +45,8 @@ pub(crate) struct Core {
     pub(crate) redis: Client,
     pub(crate) config: Config,
     pub(crate) keyspace: Keyspace,
-    /// Connected to a Redis Cluster (scripts publish with `SPUBLISH` in Pub/Sub mode).
-    pub(crate) clustered: bool,
+    /// Redis Cluster 7+: scripts publish with `SPUBLISH` in Pub/Sub mode.
+    pub(crate) sharded_pubsub: bool,
     pub(crate) holds: HoldRegistry,
     pub(crate) waiters: Arc<WaiterTable>,
     pub(crate) queued: QueuedWaiters,
@@ -87,7 +87,7 @@ impl Core {
     /// Notification mode and stream cap, as script arguments.
     pub(crate) fn event_args_mode(&self) -> Vec<Value> {
         let mode = match self.config.notification {
-            NotificationMode::PubSub if self.clustered => "spubsub",
+            NotificationMode::PubSub if self.sharded_pubsub => "spubsub",
             other => other.as_str(),
         };
         vec![mode.into(), (self.config.stream_max_len as i64).into()]
@@ -292,6 +292,9 @@ impl LockClient {
 
     async fn start(command: Client, owns_command: bool, config: Config) -> Result<LockClient> {
         let clustered = command.is_clustered();
+        // Sharded Pub/Sub (SPUBLISH/SSUBSCRIBE) exists from Redis 7 on; an older cluster
+        // broadcasts plain PUBLISH messages to every node, which works too (at more traffic).
+        let sharded_pubsub = clustered && command.server_version().map_or(true, |v| v.major >= 7);
         let keyspace = Keyspace::new(&config.key_prefix, config.shards, clustered);
         let started = async {
             check_layout(&command, &keyspace, &config).await?;
@@ -313,7 +316,7 @@ impl LockClient {
             redis: command,
             config: config.clone(),
             keyspace: keyspace.clone(),
-            clustered,
+            sharded_pubsub,
             holds: HoldRegistry::default(),
             waiters: waiters.clone(),
             queued: QueuedWaiters::default(),
@@ -329,7 +332,7 @@ impl LockClient {
                 client: client.clone(),
                 keyspace: keyspace.clone(),
                 shards: reader_shards(&keyspace, notifiers.len(), i),
-                sharded_pubsub: clustered,
+                sharded_pubsub,
                 waiters: waiters.clone(),
                 config: config.clone(),
                 shutdown: shutdown_rx.clone(),
