@@ -12,7 +12,7 @@
 local function fl_expect(key, kind)
   local found = redis.call('TYPE', key).ok
   if found ~= 'none' and found ~= kind then
-    error({err = 'WRONGTYPE fredlock key ' .. key .. ' holds a ' .. found .. ', expected a ' .. kind})
+    error('WRONGTYPE fredlock key ' .. key .. ' holds a ' .. found .. ', expected a ' .. kind)
   end
 end
 
