@@ -399,6 +399,30 @@ fn read_log(dir: &Path) -> String {
     }
 }
 
+/// Startup arguments that give an older server the Redis 7 defaults the tests rely on
+/// (see `scripts/test-matrix`). Empty for Redis 7+ and Valkey, so their behaviour is unchanged.
+///
+/// * Redis 6.2 defaults `acl-pubsub-default` to `allchannels` (7.0: `resetchannels`), so
+///   `ACL SETUSER u reset ... &{prefix:*` is refused there. The option exists since 6.2.
+fn compat_args() -> &'static [&'static str] {
+    static REDIS_6_2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let is_6_2 = *REDIS_6_2.get_or_init(|| {
+        let out = Command::new(redis_server_bin())
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        // "Redis server v=6.2.14 sha=..."
+        out.starts_with("Redis server v=6.2.")
+    });
+    if is_6_2 {
+        &["--acl-pubsub-default", "resetchannels"]
+    } else {
+        &[]
+    }
+}
+
 /// Spawn redis-server on `port` and wait until it answers PING. On failure
 /// the process is killed and reaped.
 fn spawn_and_wait(
@@ -419,6 +443,7 @@ fn spawn_and_wait(
         .arg(dir.path())
         .args(["--save", "", "--appendonly", "no"])
         .args(["--protected-mode", "no", "--daemonize", "no"])
+        .args(compat_args())
         .args(extra_args)
         .current_dir(dir.path())
         .stdin(Stdio::null())
