@@ -1,12 +1,16 @@
 -- fair_heartbeat.lua: one client's heartbeat for its queued waiters, batched per hash slot.
--- Uses lib/queue.lua and lib/notify.lua.
+-- Shared by the fair lock and the read-write lock. Uses lib/queue.lua, lib/notify.lua and
+-- lib/rw.lua.
 --
 -- Refreshes each listed waiter's lease, and on every lock that is free evicts dead waiters at
--- the head; if that uncovers a live head, it is told with a `name` event. Thanks to this, a
--- waiter that died at the head of a free lock stalls the queue for at most one waiter lease.
+-- the head; if that uncovers a live head, it is told with a `name` event (a reader at the head
+-- of a read-write lock: one `chain` event naming the readers that may go now, see fl_wake_head
+-- in lib/rw.lua). Thanks to this, a waiter that died at the head of a free lock stalls the
+-- queue for at most one waiter lease.
 --
 -- KEYS[1] events, KEYS[2] seq (the shard's)
--- KEYS[3i], KEYS[3i+1], KEYS[3i+2]   hold, queue and alive keys of the i-th lock (i = 1..m)
+-- KEYS[3i], KEYS[3i+1], KEYS[3i+2]   hold (fair hold hash or read-write hash H), queue and
+--                                    alive keys of the i-th lock (i = 1..m)
 -- ARGV[1] waiter lease in ms
 -- ARGV[2] notification mode, ARGV[3] stream max length (see lib/notify.lua)
 -- then for each lock i: its lock id, the number n of waiter ids, and the n waiter ids
@@ -43,7 +47,7 @@ while arg <= #ARGV do
   if not redis.call('HGET', hold, 'o') and not redis.call('HGET', hold, 'w') then
     local head, evicted = fl_head(queue, alive, now)
     if head and evicted > 0 then
-      fl_emit(KEYS[1], KEYS[2], ARGV[2], ARGV[3], lock_id, 'name', head)
+      fl_wake_head(queue, alive, head, now, KEYS[1], KEYS[2], ARGV[2], ARGV[3], lock_id)
     end
   end
   lock = lock + 1

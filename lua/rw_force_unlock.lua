@@ -4,6 +4,8 @@
 -- KEYS[1] hold H, KEYS[2] readers R, KEYS[3] queue, KEYS[4] events, KEYS[5] seq, KEYS[6] alive
 -- ARGV[1] notification mode, ARGV[2] stream max length, ARGV[3] lock id (see lib/notify.lua)
 --
+-- When a hold was removed and waiters are queued, emits one event like rw_release.lua: `name`
+-- for a writer at the head, `chain` with the admitted readers for a reader (fl_rw_wake).
 -- Returns {1} when any hold was removed, {0} when the lock was free.
 fl_expect(KEYS[1], 'hash')
 fl_expect(KEYS[2], 'zset')

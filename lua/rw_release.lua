@@ -3,7 +3,9 @@
 --
 -- Freeing the write hold (a write unlock or the write half of a downgrade) and freeing the
 -- last read hold each emit ONE event when waiters are queued (see fl_rw_wake in lib/rw.lua):
--- a writer at the head of the queue is woken by name; a reader at the head starts a chain.
+-- a writer at the head of the queue is woken by name; a reader at the head makes a `chain`
+-- event that names every live reader up to the first live writer (the readers that may go now;
+-- '*' for every reader when there are more than one event names).
 --
 -- KEYS[1] hold H, KEYS[2] readers R, KEYS[3] done D (see lib/rw.lua)
 -- KEYS[4] queue, KEYS[5] alive (see lib/queue.lua)

@@ -98,11 +98,16 @@ async fn run_worker() {
     } else {
         NotificationMode::PubSub
     };
-    let locks = LockClient::connect(config(&param("RW_URL"), mode, &param("RW_PREFIX")))
-        .await
-        .expect("connect");
-    match param("RW_ROLE").as_str() {
+    let role = param("RW_ROLE");
+    let mut config = config(&param("RW_URL"), mode, &param("RW_PREFIX"));
+    if role == "read-heavy" {
+        config.waiter_lease = MIX_LEASE;
+        config.watchdog_lease = MIX_LEASE;
+    }
+    let locks = LockClient::connect(config).await.expect("connect");
+    match role.as_str() {
         "overlap" => overlap_worker(&locks).await,
+        "read-heavy" => read_heavy_worker(&locks).await,
         "mixed" => mixed_worker(&locks).await,
         "queued-readers" => queued_readers_worker(&locks).await,
         "hold-read" => {
@@ -206,6 +211,77 @@ async fn mixed_worker(locks: &LockClient) {
     emit_result(format!("torn {torn}"));
 }
 
+/// Processes, tasks per process and operations per task of the read-heavy mix.
+const MIX_PROCESSES: usize = 4;
+const MIX_TASKS: usize = 4;
+const MIX_OPS: usize = 150;
+/// Every lease of the read-heavy mix (holds, waiter leases, the watchdog): far longer than the
+/// hang bound, so a waiter that misses its wakeup sleeps out its wait bound and the run fails
+/// on the bound instead of passing slowly.
+const MIX_LEASE: Duration = Duration::from_secs(600);
+
+/// One operation in ten is a write, spread differently over each task.
+fn mix_writes(task: usize, op: usize) -> bool {
+    (op * 7 + task * 3) % 10 == 0
+}
+
+/// `MIX_TASKS` tasks do `MIX_OPS` operations each, 90 % reads: a writer increments a shared
+/// counter with GET and SET and stamps two keys one after the other; a reader checks that it
+/// never sees the two stamps differ. Reports the writes done and the torn reads seen.
+async fn read_heavy_worker(locks: &LockClient) {
+    let mut tasks = Vec::new();
+    for task in 0..MIX_TASKS {
+        let lock = locks
+            .rwlock("read-heavy")
+            .unwrap()
+            .with_lease(Lease::fixed(MIX_LEASE))
+            .unwrap();
+        let redis = locks.redis().clone();
+        tasks.push(tokio::spawn(async move {
+            let (mut writes, mut torn) = (0u64, 0u64);
+            for op in 0..MIX_OPS {
+                if mix_writes(task, op) {
+                    let guard = lock.write().await.expect("write");
+                    let count: Option<i64> = redis.get("rh-count").await.expect("GET");
+                    let next = count.unwrap_or(0) + 1;
+                    let _: () = redis
+                        .set("rh-a", next, None, None, false)
+                        .await
+                        .expect("SET");
+                    tokio::task::yield_now().await;
+                    let _: () = redis
+                        .set("rh-b", next, None, None, false)
+                        .await
+                        .expect("SET");
+                    let _: () = redis
+                        .set("rh-count", next, None, None, false)
+                        .await
+                        .expect("SET");
+                    guard.unlock().await.expect("write unlock");
+                    writes += 1;
+                } else {
+                    let guard = lock.read().await.expect("read");
+                    let a: Option<i64> = redis.get("rh-a").await.expect("GET");
+                    tokio::task::yield_now().await;
+                    let b: Option<i64> = redis.get("rh-b").await.expect("GET");
+                    if a != b {
+                        torn += 1;
+                    }
+                    guard.unlock().await.expect("read unlock");
+                }
+            }
+            (writes, torn)
+        }));
+    }
+    let (mut writes, mut torn) = (0, 0);
+    for task in tasks {
+        let (w, t) = task.await.expect("task");
+        writes += w;
+        torn += t;
+    }
+    emit_result(format!("writes {writes} torn {torn}"));
+}
+
 /// 4 readers queue behind a writer; reports how many acquired and the wakeups it took.
 async fn queued_readers_worker(locks: &LockClient) {
     let mut tasks = Vec::new();
@@ -263,6 +339,199 @@ fn writers_exclude_readers_and_writers() {
         );
         assert_no_leftovers(&server, &prefix, "mixed");
     }
+}
+
+/// The lost-wakeup regression: with many tasks per process, the order of a process's local
+/// waiters differs from the order of the Redis queue, and a release event must still wake the
+/// readers Redis admits. Every lease is longer than the workers' hang bound (120 s), so a lost
+/// wakeup fails the test; nothing here is timed otherwise.
+#[test]
+fn a_read_heavy_mix_of_many_tasks_in_many_processes_loses_no_wakeup() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("read-heavy-{}", mode_name(mode));
+        for k in ["rh-a", "rh-b", "rh-count"] {
+            server.cmd(&["DEL", k]);
+        }
+        let workers: Vec<_> = (0..MIX_PROCESSES)
+            .map(|_| {
+                spawn_worker_handle(
+                    "rw_worker",
+                    &worker_env(&server, mode, &prefix, "read-heavy"),
+                )
+            })
+            .collect();
+        let mut writes = 0;
+        for worker in workers {
+            let lines = worker.wait();
+            let line = lines.first().expect("result");
+            let (done, torn) = line
+                .strip_prefix("writes ")
+                .and_then(|rest| rest.split_once(" torn "))
+                .and_then(|(w, t)| Some((w.parse::<i64>().ok()?, t.parse::<i64>().ok()?)))
+                .unwrap_or_else(|| panic!("bad result {line:?}"));
+            assert_eq!(torn, 0, "{mode:?}: a reader saw a half-done write");
+            writes += done;
+        }
+        assert_eq!(
+            writes,
+            (MIX_PROCESSES * MIX_TASKS * MIX_OPS / 10) as i64,
+            "{mode:?}: every task does one write in ten operations"
+        );
+        assert_eq!(
+            server.cmd(&["GET", "rh-count"]).as_int(),
+            writes,
+            "{mode:?}: lost updates, writers overlapped"
+        );
+        assert_no_leftovers(&server, &prefix, "read-heavy");
+    }
+}
+
+/// The newest event of the prefix's stream (Stream mode, one shard): its rule and target.
+fn last_event(server: &RedisServer, prefix: &str) -> (String, String) {
+    let stream = format!("{{{prefix}:events}}");
+    let entries = server
+        .cmd(&["XREVRANGE", &stream, "+", "-", "COUNT", "1"])
+        .as_array();
+    let entry = entries.first().expect("an event").as_array();
+    let fields: Vec<String> = entry
+        .get(1)
+        .expect("fields")
+        .as_array()
+        .iter()
+        .map(|field| field.as_str().unwrap_or_default())
+        .collect();
+    let field = |name: &str| {
+        fields
+            .chunks(2)
+            .find(|pair| pair[0] == name)
+            .map(|pair| pair[1].clone())
+            .unwrap_or_default()
+    };
+    (field("r"), field("t"))
+}
+
+/// Appends made-up waiters to the lock's Redis queue: (waiter id, still alive).
+fn queue_waiters(server: &RedisServer, prefix: &str, name: &str, waiters: &[(String, bool)]) {
+    for (id, alive) in waiters {
+        server.cmd(&["RPUSH", &key(prefix, "queue", name), id]);
+        let lease_end = if *alive { "99999999999999" } else { "1" };
+        server.cmd(&["ZADD", &key(prefix, "alive", name), lease_end, id]);
+    }
+}
+
+fn clear_queue(server: &RedisServer, prefix: &str, name: &str) {
+    server.cmd(&[
+        "DEL",
+        &key(prefix, "queue", name),
+        &key(prefix, "alive", name),
+    ]);
+}
+
+fn waiters(spec: &[(&str, bool)]) -> Vec<(String, bool)> {
+    spec.iter()
+        .map(|(id, alive)| ((*id).to_owned(), *alive))
+        .collect()
+}
+
+/// What the scripts put into a read-write wake event, checked on the stream itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_events_name_exactly_the_readers_redis_admits() {
+    init_tracing();
+    let server = RedisServer::start();
+    let prefix = "admitted";
+    let name = "doc";
+    let locks = LockClient::connect(config(&server.url(), NotificationMode::Stream, prefix))
+        .await
+        .unwrap();
+    let lock = locks
+        .rwlock(name)
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(60)))
+        .unwrap();
+    let chain = |target: &str| ("chain".to_owned(), target.to_owned());
+
+    // A reader at the head: every live reader up to the first live writer, dead ones skipped.
+    let writer = lock.write().await.unwrap();
+    let spec = [
+        ("ra", true),
+        ("rdead", false),
+        ("wdead", false),
+        ("rb", true),
+        ("wc", true),
+        ("rd", true),
+    ];
+    queue_waiters(&server, prefix, name, &waiters(&spec));
+    writer.unlock().await.unwrap();
+    assert_eq!(last_event(&server, prefix), chain("ra,rb"));
+    clear_queue(&server, prefix, name);
+
+    // Dead heads are evicted and a live writer at the head is named.
+    let writer = lock.write().await.unwrap();
+    let spec = [("rdead", false), ("wc", true), ("ra", true)];
+    queue_waiters(&server, prefix, name, &waiters(&spec));
+    writer.unlock().await.unwrap();
+    assert_eq!(
+        last_event(&server, prefix),
+        ("name".to_owned(), "wc".to_owned())
+    );
+    clear_queue(&server, prefix, name);
+
+    // The last read release announces the readers as well.
+    let reader = lock.read().await.unwrap();
+    queue_waiters(
+        &server,
+        prefix,
+        name,
+        &waiters(&[("ra", true), ("rb", true)]),
+    );
+    reader.unlock().await.unwrap();
+    assert_eq!(last_event(&server, prefix), chain("ra,rb"));
+    clear_queue(&server, prefix, name);
+
+    // 32 readers are listed; one more and the event asks every reader to try.
+    for (readers, target) in [(32, None), (33, Some("*"))] {
+        let writer = lock.write().await.unwrap();
+        let mut queued: Vec<(String, bool)> =
+            (0..readers).map(|i| (format!("r{i:02}"), true)).collect();
+        queued.push(("wz".to_owned(), true));
+        queue_waiters(&server, prefix, name, &queued);
+        writer.unlock().await.unwrap();
+        let listed: Vec<String> = queued[..readers].iter().map(|(id, _)| id.clone()).collect();
+        let expected = target.map_or_else(|| listed.join(","), str::to_owned);
+        assert_eq!(last_event(&server, prefix), chain(&expected), "{readers}");
+        clear_queue(&server, prefix, name);
+    }
+
+    // A writer at the head that gives up (its acquisition is dropped) hands the turn to the
+    // readers behind it at once, though readers hold the lock.
+    let holder = lock.read().await.unwrap();
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.write().await.map(drop) })
+    };
+    eventually("writer queued", || async {
+        queue_len(&server, prefix, name) == 1
+    })
+    .await;
+    queue_waiters(
+        &server,
+        prefix,
+        name,
+        &waiters(&[("rx", true), ("ry", true)]),
+    );
+    waiting.abort();
+    eventually(
+        "the readers behind the leaving writer were named",
+        || async { last_event(&server, prefix) == chain("rx,ry") },
+    )
+    .await;
+    assert_eq!(queue_len(&server, prefix, name), 2, "the writer left");
+    clear_queue(&server, prefix, name);
+    holder.unlock().await.unwrap();
+    assert_no_leftovers(&server, prefix, name);
+    locks.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,10 @@
 --   maxlen      approximate stream cap (XADD MAXLEN ~), ignored for pub/sub
 --   lock_id     "<kind>:<name>", the key of the readers' local waiter queue
 --   rule        wake rule for the readers: "one" | "name" | "chain" | "all"
---   target      for rule "name": the id of the only waiter to wake; "" otherwise
+--   target      for rule "name": the id of the only waiter to wake; for rule "chain" (read-write
+--               lock): the ids of the readers to wake joined by ",", or "*" for every reader
+--               of the lock (see fl_rw_announce in lib/rw.lua); "" otherwise. Never contains
+--               "|" (the pub/sub payload's separator); waiter ids never contain "," or "|"
 -- Returns nothing. Uses INCR, XADD MAXLEN ~, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
 local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
   local seq = redis.call('INCR', seq_key)

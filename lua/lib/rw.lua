@@ -15,10 +15,25 @@
 -- fl_rw_holds(H, owner)         -> true if owner still has a read or write hold
 -- fl_rw_done(H, D, owner, op, now, tomb) -> records op as owner's last op; if owner has no hold
 --                                  left, forgets its op field and remembers op in D instead
--- fl_rw_wake(Q, A, now, events, seq, mode, maxlen, lock_id) -> when waiters are queued, emits
---                                  ONE event for the first live one: a writer is named (only it
---                                  wakes); a reader starts a `chain` (each process wakes its
---                                  leading readers). Needs lib/notify.lua before this file.
+-- fl_rw_admitted(Q, A, now)    -> the waiter ids of the live readers at the head of the queue,
+--                                  up to the first live writer (the readers rw_acquire.lua
+--                                  admits now; dead entries, whose waiter lease in A has passed
+--                                  or is missing, are skipped), at most FL_RW_NAMED of them; and
+--                                  true when that list is incomplete (more admitted readers, or
+--                                  FL_RW_SCAN entries scanned without reaching a live writer)
+-- fl_rw_announce(Q, A, head, now, events, seq, mode, maxlen, lock_id) -> emits ONE event for the
+--                                  live head `head`: a writer is named (rule `name`, only it
+--                                  wakes); for a reader, rule `chain` names the admitted readers:
+--                                  target = their ids joined by ',' (waiter ids are 'r' or 'w'
+--                                  and hex digits, never a ',' or '|'), or '*' when the list is
+--                                  incomplete (every local reader of the lock wakes)
+-- fl_rw_wake(Q, A, now, events, seq, mode, maxlen, lock_id) -> when waiters are queued, evicts
+--                                  dead heads and announces the first live one (above)
+-- fl_wake_head(Q, A, head, now, events, seq, mode, maxlen, lock_id) -> for the shared queue
+--                                  scripts (fair_leave, fair_heartbeat): announces `head` as
+--                                  above for a read-write lock (lock id "rw:..."), names it for
+--                                  any other lock
+-- The wake functions need lib/queue.lua and lib/notify.lua before this file.
 local function fl_rw_purge(H, R, now)
   local expired = redis.call('ZRANGEBYSCORE', R, '-inf', now)
   for _, owner in ipairs(expired) do
@@ -71,14 +86,62 @@ local function fl_rw_done(H, D, owner, op, now, tomb)
   end
 end
 
-local function fl_rw_wake(Q, A, now, events, seq, mode, maxlen, lock_id)
-  local head = fl_head(Q, A, now)
-  if not head then
-    return
+-- Most reader ids one event names, and most queue entries one announcement looks at.
+local FL_RW_NAMED = 32
+local FL_RW_SCAN = 256
+
+local function fl_rw_admitted(Q, A, now)
+  local ids = {}
+  local scanned = 0
+  while scanned < FL_RW_SCAN do
+    local batch = redis.call('LRANGE', Q, scanned, scanned + 63)
+    if #batch == 0 then
+      return ids, false
+    end
+    for _, entry in ipairs(batch) do
+      local expiry = redis.call('ZSCORE', A, entry)
+      if expiry and tonumber(expiry) > now then
+        if string.sub(entry, 1, 1) == 'w' then
+          return ids, false
+        end
+        if #ids == FL_RW_NAMED then
+          return ids, true
+        end
+        ids[#ids + 1] = entry
+      end
+    end
+    if #batch < 64 then
+      return ids, false
+    end
+    scanned = scanned + #batch
   end
+  return ids, true
+end
+
+local function fl_rw_announce(Q, A, head, now, events, seq, mode, maxlen, lock_id)
   if string.sub(head, 1, 1) == 'w' then
     fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
+    return
+  end
+  local ids, incomplete = fl_rw_admitted(Q, A, now)
+  local target = '*'
+  if not incomplete and #ids > 0 then
+    target = table.concat(ids, ',')
+  end
+  fl_emit(events, seq, mode, maxlen, lock_id, 'chain', target)
+end
+
+local function fl_rw_wake(Q, A, now, events, seq, mode, maxlen, lock_id)
+  local head = fl_head(Q, A, now)
+  if head then
+    fl_rw_announce(Q, A, head, now, events, seq, mode, maxlen, lock_id)
+  end
+end
+
+local function fl_wake_head(Q, A, head, now, events, seq, mode, maxlen, lock_id)
+  if string.sub(lock_id, 1, 3) == 'rw:' then
+    fl_rw_announce(Q, A, head, now, events, seq, mode, maxlen, lock_id)
   else
-    fl_emit(events, seq, mode, maxlen, lock_id, 'chain', '')
+    fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
   end
 end

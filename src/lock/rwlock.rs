@@ -30,8 +30,10 @@ use crate::scripts::{Script, SCRIPTS};
 /// process died is dropped within [`Config::waiter_lease`](crate::Config::waiter_lease).
 ///
 /// **Wakeups.** A write release (and the write half of a downgrade) and the release of the last
-/// read hold each emit one event; every process wakes the head of its local queue and, when
-/// that is a reader, the readers directly behind it (a writer stops the chain).
+/// read hold each emit one event. A writer at the head of the Redis queue is named and only it
+/// wakes. A reader at the head makes the event list the readers that may go now (every live
+/// reader up to the first live writer in the Redis queue), and each process wakes exactly
+/// those of its waiters, whatever the order of its local queue.
 ///
 /// **Re-entry, downgrade, no upgrade.** Bind the handle to an [`Owner`] to re-enter. A writer
 /// may take read holds (downgrade) and keep them after its write unlock. An owner holding a read

@@ -10,9 +10,17 @@
 //!
 //! * `one`: the first local waiter that is not already woken (barging locks: one attempt per
 //!   process per release, not a herd);
-//! * `name`: only the waiter with that id (fair lock hand-off);
-//! * `chain`: the head, and if it is a reader, the readers queued directly behind it up to the
-//!   first writer (read-write lock);
+//! * `name`: only the waiter with that id (fair lock hand-off, a writer at the head of a
+//!   read-write lock's queue);
+//! * `chain` (read-write lock, [`WakeRule::Chain`]): the readers that Redis admits now. The
+//!   script that frees the lock (`fl_rw_announce` in `lua/lib/rw.lua`) finds a reader at the
+//!   head of the Redis queue and lists the live readers from there up to the first live writer
+//!   (the readers `rw_acquire.lua` admits right now); its event carries their waiter ids joined
+//!   by [`ID_SEPARATOR`], and each process wakes exactly its local waiters with those ids. The
+//!   local queue order plays no part: it is registration order, which can differ from the order
+//!   in which the attempts reached Redis. When there are more such readers than one event names
+//!   (32), the target is [`EVERY_READER`] and each process wakes all of its readers of that
+//!   lock (those behind a writer try, fail and wait again);
 //! * `all`: everybody (after a reconnect, lag or gap).
 //!
 //! ## No lost wakeups
@@ -23,20 +31,22 @@
 //! error or a reconnect wakes every local waiter to re-check at once. Finally every wait is
 //! bounded by the remaining lease the attempt reported, so even an event that never comes
 //! costs at most one lease. A woken waiter that is dropped before it could try passes its
-//! wakeup on to the next one.
+//! wakeup on to the next one, unless a `chain` event woke it: every other reader that may go
+//! was woken by the same event, and leaving the Redis queue (`fair_leave.lua`) announces the
+//! new head if the leaver was the head.
 
 pub(crate) mod pubsub;
 pub(crate) mod stream;
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
 use tokio::sync::Notify;
 
-/// What a waiter waits for; used by the `chain` rule.
+/// What a waiter waits for; used by the `chain` rule when it wakes every local reader.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WaitKind {
     /// Needs the lock alone (mutex, write).
@@ -45,13 +55,53 @@ pub(crate) enum WaitKind {
     Shared,
 }
 
+/// Joins the waiter ids in the target of a `chain` event. Waiter ids are a role letter and a
+/// hex op id (`engine.rs`), so they never contain it (nor the pub/sub separator `|`).
+pub(crate) const ID_SEPARATOR: char = ',';
+
+/// The target of a `chain` event that wakes every local reader of the lock.
+pub(crate) const EVERY_READER: &str = "*";
+
 /// How an event wakes the local waiters of its lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WakeRule {
     One,
     Named(String),
-    Chain,
+    /// Read-write lock: the readers Redis admits now (wire name `chain`).
+    Chain(Admitted),
     All,
+}
+
+/// The readers a `chain` event lets in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Admitted {
+    /// These waiter ids: every live reader from the head of the Redis queue up to the first
+    /// live writer.
+    Listed(Vec<String>),
+    /// Every local reader (`Shared` waiter) of the lock: more readers were admitted than one
+    /// event names, or the event named none.
+    Every,
+}
+
+impl Admitted {
+    /// Reads a `chain` target: ids joined by [`ID_SEPARATOR`], or [`EVERY_READER`]. A target
+    /// without any id (an event of an older version) is read as [`Admitted::Every`], which
+    /// wakes a superset of the admitted readers.
+    fn parse(target: &str) -> Admitted {
+        if target == EVERY_READER {
+            return Admitted::Every;
+        }
+        let ids: Vec<String> = target
+            .split(ID_SEPARATOR)
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if ids.is_empty() {
+            Admitted::Every
+        } else {
+            Admitted::Listed(ids)
+        }
+    }
 }
 
 impl WakeRule {
@@ -59,7 +109,7 @@ impl WakeRule {
         match rule {
             "one" => WakeRule::One,
             "name" => WakeRule::Named(target.to_owned()),
-            "chain" => WakeRule::Chain,
+            "chain" => WakeRule::Chain(Admitted::parse(target)),
             _ => WakeRule::All,
         }
     }
@@ -118,23 +168,33 @@ impl SeqTracker {
     }
 }
 
-const IDLE: bool = false;
-const WOKEN: bool = true;
+/// Not woken since its last wait.
+const IDLE: u8 = 0;
+/// Woken together with every other waiter that may go (a `chain` event): if it leaves without
+/// trying, it wakes nobody in its place.
+const WOKEN_WITH_OTHERS: u8 = 1;
+/// Woken in its own right: if it leaves without trying, the next local waiter is woken.
+const WOKEN: u8 = 2;
 
 /// One waiting acquisition.
 pub(crate) struct Waiter {
     id: u64,
     kind: WaitKind,
-    /// The id by which a `name` event designates this waiter (fair lock), if any.
+    /// The id by which a `name` or `chain` event designates this waiter, if any.
     name: Option<Arc<str>>,
-    woken: AtomicBool,
+    /// [`IDLE`], [`WOKEN_WITH_OTHERS`] or [`WOKEN`]; only ever raised by a wakeup.
+    woken: AtomicU8,
     notify: Notify,
 }
 
 impl Waiter {
-    fn wake(&self) {
-        self.woken.store(WOKEN, Ordering::Release);
+    fn wake(&self, how: u8) {
+        self.woken.fetch_max(how, Ordering::AcqRel);
         self.notify.notify_waiters();
+    }
+
+    fn is_idle(&self) -> bool {
+        self.woken.load(Ordering::Acquire) == IDLE
     }
 }
 
@@ -163,7 +223,7 @@ impl WaiterTable {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             kind,
             name,
-            woken: AtomicBool::new(IDLE),
+            woken: AtomicU8::new(IDLE),
             notify: Notify::new(),
         });
         self.queues
@@ -185,29 +245,28 @@ impl WaiterTable {
         let woken = match rule {
             WakeRule::One => queue
                 .iter()
-                .find(|w| !w.woken.load(Ordering::Acquire))
-                .map(|w| w.wake())
+                .find(|w| w.is_idle())
+                .map(|w| w.wake(WOKEN))
                 .map_or(0, |_| 1),
             WakeRule::Named(target) => queue
                 .iter()
                 .filter(|w| w.name.as_deref() == Some(target.as_str()))
-                .map(|w| w.wake())
+                .map(|w| w.wake(WOKEN))
                 .count(),
-            WakeRule::Chain => {
-                let mut count = 0;
-                for (i, waiter) in queue.iter().enumerate() {
-                    if i > 0 && waiter.kind == WaitKind::Exclusive {
-                        break;
-                    }
-                    waiter.wake();
-                    count += 1;
-                    if waiter.kind == WaitKind::Exclusive {
-                        break;
-                    }
-                }
-                count
+            WakeRule::Chain(Admitted::Listed(ids)) => {
+                let ids: HashSet<&str> = ids.iter().map(String::as_str).collect();
+                queue
+                    .iter()
+                    .filter(|w| w.name.as_deref().is_some_and(|name| ids.contains(name)))
+                    .map(|w| w.wake(WOKEN_WITH_OTHERS))
+                    .count()
             }
-            WakeRule::All => queue.iter().map(|w| w.wake()).count(),
+            WakeRule::Chain(Admitted::Every) => queue
+                .iter()
+                .filter(|w| w.kind == WaitKind::Shared)
+                .map(|w| w.wake(WOKEN_WITH_OTHERS))
+                .count(),
+            WakeRule::All => queue.iter().map(|w| w.wake(WOKEN)).count(),
         };
         self.wakeups.fetch_add(woken as u64, Ordering::Relaxed);
         tracing::trace!(lock = lock_id, ?rule, woken, "wake");
@@ -218,7 +277,7 @@ impl WaiterTable {
         let mut woken = 0u64;
         for queue in self.queues.iter() {
             for waiter in queue.iter() {
-                waiter.wake();
+                waiter.wake(WOKEN);
                 woken += 1;
             }
         }
@@ -275,19 +334,20 @@ impl Registration {
         let notified = self.waiter.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if self.waiter.woken.swap(IDLE, Ordering::AcqRel) {
+        if self.waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE {
             return true;
         }
         let woke = tokio::time::timeout(limit, notified).await.is_ok();
-        self.waiter.woken.swap(IDLE, Ordering::AcqRel) || woke
+        self.waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE || woke
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
         self.table.remove(&self.lock_id, &self.waiter);
-        if self.waiter.woken.load(Ordering::Acquire) {
-            // We were woken but never tried: give the wakeup to the next local waiter.
+        if self.waiter.woken.load(Ordering::Acquire) == WOKEN {
+            // We were woken but never tried: give the wakeup to the next local waiter. (Not
+            // after a `chain` event: it woke every reader that may go, this one included.)
             self.table.dispatch(&self.lock_id, &WakeRule::One);
         }
     }
@@ -368,26 +428,99 @@ mod tests {
         assert_eq!(table.queues(), 0, "empty queues are removed");
     }
 
+    fn listed(ids: &[&str]) -> WakeRule {
+        WakeRule::Chain(Admitted::Listed(
+            ids.iter().map(|id| (*id).to_owned()).collect(),
+        ))
+    }
+
     #[tokio::test]
-    async fn chain_wakes_leading_readers_and_stops_at_a_writer() {
+    async fn chain_wakes_exactly_the_listed_readers_whatever_the_local_order() {
         let table = WaiterTable::new();
         let lock = id("rw:a");
-        let r1 = table.register(&lock, WaitKind::Shared, None);
-        let r2 = table.register(&lock, WaitKind::Shared, None);
-        let w = table.register(&lock, WaitKind::Exclusive, None);
-        let r3 = table.register(&lock, WaitKind::Shared, None);
-        table.dispatch("rw:a", &WakeRule::Chain);
+        // Local (registration) order: a writer first. In Redis the readers r1 and r3 came first.
+        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")));
+        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")));
+        let w2 = table.register(&lock, WaitKind::Exclusive, Some(id("w2")));
+        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")));
+        let r3 = table.register(&lock, WaitKind::Shared, Some(id("r3")));
+        table.dispatch("rw:a", &listed(&["r3", "r1", "r-elsewhere"]));
+        assert!(r1.wait(Duration::from_millis(1)).await);
+        assert!(r3.wait(Duration::from_millis(1)).await);
+        assert!(
+            !w1.wait(Duration::from_millis(1)).await,
+            "a local head writer"
+        );
+        assert!(!w2.wait(Duration::from_millis(1)).await);
+        assert!(
+            !r2.wait(Duration::from_millis(1)).await,
+            "a reader that is not listed (behind a writer in Redis)"
+        );
+        assert_eq!(table.wakeups(), 2);
+        // Another lock's event wakes nobody here.
+        table.dispatch("rw:b", &listed(&["r2"]));
+        assert!(!r2.wait(Duration::from_millis(1)).await);
+    }
+
+    #[tokio::test]
+    async fn a_capped_chain_wakes_every_local_reader_and_no_writer() {
+        let table = WaiterTable::new();
+        let lock = id("rw:a");
+        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")));
+        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")));
+        let w2 = table.register(&lock, WaitKind::Exclusive, Some(id("w2")));
+        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")));
+        table.dispatch("rw:a", &WakeRule::Chain(Admitted::Every));
         assert!(r1.wait(Duration::from_millis(1)).await);
         assert!(r2.wait(Duration::from_millis(1)).await);
-        assert!(!w.wait(Duration::from_millis(1)).await);
-        assert!(!r3.wait(Duration::from_millis(1)).await);
-        drop((r1, r2));
-        table.dispatch("rw:a", &WakeRule::Chain);
-        assert!(w.wait(Duration::from_millis(1)).await);
-        assert!(
-            !r3.wait(Duration::from_millis(1)).await,
-            "a writer head stops the chain"
+        assert!(!w1.wait(Duration::from_millis(1)).await);
+        assert!(!w2.wait(Duration::from_millis(1)).await);
+    }
+
+    #[tokio::test]
+    async fn a_reader_woken_by_chain_that_leaves_wakes_nobody_else() {
+        let table = WaiterTable::new();
+        let lock = id("rw:a");
+        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")));
+        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")));
+        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")));
+        table.dispatch("rw:a", &listed(&["r1"]));
+        drop(r1);
+        assert!(!w1.wait(Duration::from_millis(1)).await);
+        assert!(!r2.wait(Duration::from_millis(1)).await);
+        // Woken in its own right as well (here by name): then it does pass the wakeup on.
+        let r3 = table.register(&lock, WaitKind::Shared, Some(id("r3")));
+        table.dispatch("rw:a", &listed(&["r3"]));
+        table.dispatch("rw:a", &WakeRule::Named("r3".into()));
+        drop(r3);
+        assert!(w1.wait(Duration::from_millis(1)).await);
+    }
+
+    #[test]
+    fn chain_targets_parse_to_ids_or_every_reader() {
+        let event = Event::from_payload("3|chain|rab,rcd|rw:x|y").unwrap();
+        assert_eq!(event.lock_id, "rw:x|y");
+        assert_eq!(event.rule, listed(&["rab", "rcd"]));
+        assert_eq!(
+            WakeRule::parse("chain", EVERY_READER),
+            WakeRule::Chain(Admitted::Every)
         );
+        assert_eq!(
+            WakeRule::parse("chain", ""),
+            WakeRule::Chain(Admitted::Every),
+            "an event without ids wakes every reader"
+        );
+        assert_eq!(WakeRule::parse("chain", "r1,"), listed(&["r1"]));
+    }
+
+    #[test]
+    fn waiter_ids_never_contain_an_event_separator() {
+        for prefix in ["", "r", "w"] {
+            let waiter = format!("{prefix}{}", crate::owner::op_id());
+            assert!(!waiter.contains(ID_SEPARATOR), "{waiter}");
+            assert!(!waiter.contains('|'), "{waiter}");
+            assert_ne!(waiter, EVERY_READER);
+        }
     }
 
     #[tokio::test]

@@ -211,3 +211,37 @@ fn entry(value: Value) -> Option<Entry> {
     };
     Some((id, event))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notify::Admitted;
+
+    fn fields(pairs: &[&str]) -> Value {
+        Value::Array(pairs.iter().map(|s| Value::from(*s)).collect())
+    }
+
+    #[test]
+    fn entries_carry_their_wake_rule_and_target() {
+        let chain = Value::Array(vec![
+            Value::from("7-0"),
+            fields(&["s", "5", "l", "rw:a", "r", "chain", "t", "r1,r2"]),
+        ]);
+        let (id, event) = entry(chain).expect("entry");
+        assert_eq!(id, "7-0");
+        let event = event.expect("event");
+        assert_eq!((event.seq, event.lock_id.as_str()), (5, "rw:a"));
+        assert_eq!(
+            event.rule,
+            WakeRule::Chain(Admitted::Listed(vec!["r1".into(), "r2".into()]))
+        );
+        let every = Value::Array(vec![
+            Value::from("8-0"),
+            fields(&["s", "6", "l", "rw:a", "r", "chain", "t", "*"]),
+        ]);
+        let (_, event) = entry(every).expect("entry");
+        assert_eq!(event.expect("event").rule, WakeRule::Chain(Admitted::Every));
+        let broken = Value::Array(vec![Value::from("9-0"), fields(&["s", "x"])]);
+        assert_eq!(entry(broken), Some(("9-0".to_owned(), None)));
+    }
+}
