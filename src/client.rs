@@ -17,7 +17,7 @@
 //! hold first.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -40,6 +40,13 @@ use crate::notify::{pubsub, stream, WaiterTable};
 use crate::queue::{run_heartbeat, QueuedWaiters};
 use crate::scripts::Script;
 
+/// Acquire attempts one client has in flight at once; further attempts wait locally, in FIFO
+/// order, for a slot. All of them share one connection, so a deeper pipeline would not be
+/// faster, but each in-flight script call costs several KiB of client memory: without a bound,
+/// 10 000 tasks calling `lock()` at once would allocate tens of MiB at once, and the allocator
+/// keeps that memory long after the calls are done.
+pub(crate) const MAX_ATTEMPTS_IN_FLIGHT: usize = 128;
+
 /// State shared by handles, guards and background tasks.
 pub(crate) struct Core {
     pub(crate) redis: Client,
@@ -52,6 +59,10 @@ pub(crate) struct Core {
     pub(crate) queued: QueuedWaiters,
     /// Acquire calls whose caller went away and that are being finished in the background.
     pub(crate) orphans: Arc<AtomicUsize>,
+    /// Bounds the acquire attempts in flight at once (see [`MAX_ATTEMPTS_IN_FLIGHT`]).
+    pub(crate) attempt_slots: Arc<tokio::sync::Semaphore>,
+    /// Attempts repeated after a transient failure (diagnostics).
+    pub(crate) retried_attempts: AtomicU64,
     /// No new acquisitions (shutdown started).
     closed: AtomicBool,
     /// Connections closed: every command fails at once with [`Error::Shutdown`].
@@ -321,6 +332,8 @@ impl LockClient {
             waiters: waiters.clone(),
             queued: QueuedWaiters::default(),
             orphans: Arc::default(),
+            retried_attempts: AtomicU64::new(0),
+            attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
             closed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
         });
@@ -420,6 +433,7 @@ impl LockClient {
             wakeups: core.waiters.wakeups(),
             orphaned_attempts: core.orphans.load(Ordering::Acquire),
             queued_in_redis: core.queued.len(),
+            retried_attempts: core.retried_attempts.load(Ordering::Relaxed),
         }
     }
 
@@ -479,6 +493,10 @@ impl LockClient {
         &self.inner.core.orphans
     }
 
+    pub(crate) fn attempt_slots(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.inner.core.attempt_slots
+    }
+
     pub(crate) fn waiters(&self) -> &Arc<WaiterTable> {
         &self.inner.core.waiters
     }
@@ -489,10 +507,6 @@ impl LockClient {
         } else {
             Ok(())
         }
-    }
-
-    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.inner.shutdown_tx.subscribe()
     }
 
     pub(crate) fn release_later(&self, job: ReleaseJob) {
@@ -528,6 +542,9 @@ pub struct ClientStats {
     /// Waiters of this client that hold a place in a Redis-side queue (fair lock) and are kept
     /// alive by its heartbeat.
     pub queued_in_redis: usize,
+    /// Acquire attempts repeated after a transient failure (see
+    /// [`Config::transient_retry`](crate::Config::transient_retry)) since start.
+    pub retried_attempts: u64,
 }
 
 /// Records this client's layout under the prefix, or checks that it matches the recorded one.

@@ -95,6 +95,13 @@ pub struct Config {
     /// a liveness check of the reader connection, not a poll of lock state.
     #[serde(with = "humantime_serde")]
     pub notifier_block: Duration,
+    /// How long a *waiting* acquisition (`lock`, `lock_timeout`, `read`, `write`) keeps
+    /// retrying its attempt after transient failures (command timeout, lost connection, a
+    /// failover in progress) before it returns the error. Each retry repeats the attempt with
+    /// the same op id, so an attempt that was applied but whose reply was lost is answered, not
+    /// applied twice. `try_lock` never retries; zero turns retries off.
+    #[serde(with = "humantime_serde")]
+    pub transient_retry: Duration,
 }
 
 impl Default for Config {
@@ -114,6 +121,7 @@ impl Default for Config {
             notifier_block: Duration::from_secs(5),
             replica_acks: 0,
             replica_ack_timeout: Duration::from_secs(1),
+            transient_retry: Duration::from_secs(30),
         }
     }
 }
@@ -170,6 +178,13 @@ impl Config {
         ] {
             check_duration(what, value, Duration::from_millis(1))?;
         }
+        if !self.transient_retry.is_zero() {
+            check_duration(
+                "transient_retry",
+                self.transient_retry,
+                Duration::from_millis(1),
+            )?;
+        }
         Ok(())
     }
 
@@ -196,6 +211,7 @@ impl fmt::Debug for Config {
             .field("notifier_block", &self.notifier_block)
             .field("replica_acks", &self.replica_acks)
             .field("replica_ack_timeout", &self.replica_ack_timeout)
+            .field("transient_retry", &self.transient_retry)
             .finish()
     }
 }

@@ -23,7 +23,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -128,17 +127,19 @@ pub(crate) enum Patience {
 }
 
 /// Acquires through `driver`: `Ok(None)` when the patience ran out.
-pub(crate) async fn acquire(
+///
+/// Not an `async fn`: the returned future is the loop itself, without a wrapper that would
+/// keep a second copy of the arguments. A pending `lock()` future is a waiting task's main
+/// memory cost, so its size matters (see `docs/benchmarks.md`, S4).
+pub(crate) fn acquire(
     driver: Arc<dyn Driver>,
     owner: Owner,
     lease: Lease,
     patience: Patience,
-) -> Result<Option<LockGuard>> {
+) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'static {
     let keys = driver.keys();
     let span = tracing::debug_span!("acquire", lock = keys.name(), kind = keys.kind());
-    acquire_loop(driver, owner, lease, patience)
-        .instrument(span)
-        .await
+    acquire_loop(driver, owner, lease, patience).instrument(span)
 }
 
 async fn acquire_loop(
@@ -147,72 +148,159 @@ async fn acquire_loop(
     lease: Lease,
     patience: Patience,
 ) -> Result<Option<LockGuard>> {
-    let client = driver.client().clone();
-    client.check_open()?;
-    let keys = driver.keys().clone();
-
+    driver.client().check_open()?;
     let waiting = patience != Patience::None;
     let waiter: Arc<str> = format!("{}{}", driver.waiter_prefix(), op_id()).into();
     let registration = waiting.then(|| {
-        client
-            .waiters()
-            .register(keys.id(), driver.wait_kind(), Some(waiter.clone()))
+        driver.client().waiters().register(
+            driver.keys().id(),
+            driver.wait_kind(),
+            Some(waiter.clone()),
+        )
     });
     let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
-    let requested = lease.initial();
-    let fallback_wait = client.config().watchdog_lease;
-    let mut shutdown = client.shutdown_signal();
+    let mut retry = TransientRetry::default();
+    let mut op = op_id();
 
     loop {
         let sent_at = Instant::now();
-        let attempt = start_attempt(
-            driver.clone(),
-            owner.clone(),
-            waiter.clone(),
-            requested,
-            waiting,
-        )
-        .join()
-        .await??;
-        let ttl = match attempt {
-            Attempt::Acquired { token } => {
+        let attempt = attempt(&driver, &owner, &waiter, &op, lease.initial(), waiting).await;
+        let limit = match attempt {
+            Ok(Attempt::Acquired { token }) => {
                 queued.disarm();
-                confirm_replicated(&driver, &owner, token).await?;
+                if driver.client().config().replica_acks > 0 {
+                    // Boxed: the `WAIT` call's future is large and this path is opt-in; kept
+                    // inline it would make every pending `lock()` future several KiB.
+                    Box::pin(confirm_replicated(&driver, &owner, token)).await?;
+                }
+                let client = driver.client().clone();
                 let hold = client
                     .holds()
                     .adopt(driver.clone(), &owner, token, lease, sent_at);
                 tracing::debug!(token, "acquired");
                 return Ok(Some(LockGuard::new(hold, client)));
             }
-            Attempt::Busy { ttl } => ttl.unwrap_or(fallback_wait),
-        };
-        if waiting {
-            queued.joined();
-        }
-        let limit = match patience {
-            Patience::None => return Ok(None),
-            Patience::Forever => ttl,
-            Patience::Until(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    tracing::debug!("gave up waiting");
-                    queued.leave().await;
-                    return Ok(None);
+            Ok(Attempt::Busy { ttl }) => {
+                retry.reset();
+                op = op_id();
+                if waiting {
+                    queued.joined();
                 }
-                ttl.min(left)
+                let ttl = ttl.unwrap_or(driver.client().config().watchdog_lease);
+                match patience {
+                    Patience::None => return Ok(None),
+                    Patience::Forever => ttl,
+                    Patience::Until(deadline) => {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            tracing::debug!("gave up waiting");
+                            queued.leave().await;
+                            return Ok(None);
+                        }
+                        ttl.min(left)
+                    }
+                }
+            }
+            // Repeat the same op after a pause: if the failed call was applied after all, the
+            // script answers it instead of applying it again.
+            Err(error) => {
+                let window = driver.client().config().transient_retry;
+                let Some(pause) = retry.pause_after(&error, window, patience) else {
+                    return Err(error);
+                };
+                tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
+                driver
+                    .client()
+                    .core()
+                    .retried_attempts
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                pause
             }
         };
         let Some(registration) = registration.as_ref() else {
             return Ok(None);
         };
+        // Shutdown marks the client closed, then wakes every registered waiter: a waiter that
+        // registered before the check below is woken, one that checks after it sees the mark.
+        driver.client().check_open()?;
         tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
-        tokio::select! {
-            woken = registration.wait(limit) => {
-                tracing::trace!(woken, "re-checking");
-            }
-            _ = shutdown.changed() => return Err(Error::Shutdown),
+        let woken = registration.wait(limit).await;
+        tracing::trace!(woken, "re-checking");
+        driver.client().check_open()?;
+    }
+}
+
+/// One acquire attempt: waits for an in-flight slot, then runs the driver's script in a way
+/// that is finished (and cleaned up) even if the caller goes away.
+async fn attempt(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    waiter: &Arc<str>,
+    op: &str,
+    lease: Duration,
+    waiting: bool,
+) -> Result<Attempt> {
+    let slot = driver
+        .client()
+        .attempt_slots()
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| Error::Shutdown)?;
+    start_attempt(
+        slot,
+        driver.clone(),
+        owner.clone(),
+        waiter.clone(),
+        op.to_owned(),
+        lease,
+        waiting,
+    )
+    .join()
+    .await
+}
+
+/// When a waiting acquisition repeats an attempt that failed for a transient reason: with
+/// growing pauses, for at most [`crate::Config::transient_retry`] since the first failure in
+/// a row, never past the caller's deadline, never for `try_lock`.
+#[derive(Default)]
+struct TransientRetry {
+    failing_since: Option<Instant>,
+    /// The pause before the next retry (zero: the first one, [`Self::FIRST_PAUSE`]).
+    pause: Duration,
+}
+
+impl TransientRetry {
+    const FIRST_PAUSE: Duration = Duration::from_millis(20);
+    const MAX_PAUSE: Duration = Duration::from_secs(1);
+
+    /// The pause before the next retry, or None when `error` must be returned.
+    fn pause_after(
+        &mut self,
+        error: &Error,
+        window: Duration,
+        patience: Patience,
+    ) -> Option<Duration> {
+        if !error.is_retryable() || patience == Patience::None || window.is_zero() {
+            return None;
         }
-        client.check_open()?;
+        let now = Instant::now();
+        let since = *self.failing_since.get_or_insert(now);
+        let mut left = (since + window).saturating_duration_since(now);
+        if let Patience::Until(deadline) = patience {
+            left = left.min(deadline.saturating_duration_since(now));
+        }
+        if left.is_zero() {
+            return None;
+        }
+        let pause = self.pause.max(Self::FIRST_PAUSE);
+        self.pause = (pause * 2).min(Self::MAX_PAUSE);
+        Some(pause.min(left))
+    }
+
+    /// A reply arrived: the next failure starts a new window.
+    fn reset(&mut self) {
+        *self = TransientRetry::default();
     }
 }
 
@@ -251,54 +339,53 @@ async fn confirm_replicated(driver: &Arc<dyn Driver>, owner: &Owner, token: u64)
     }
 }
 
-/// A spawned task whose result is still dealt with when the future awaiting it is dropped:
-/// `orphan` then runs on the result in the background (e.g. releasing a hold nobody will use).
+/// Work whose result is still dealt with when the future awaiting it is dropped: it runs
+/// inline in the caller's task while awaited (no task spawn on the fast path); if the caller
+/// goes away first, the rest of the work moves to a background task and `orphan` runs on its
+/// result (e.g. releasing a hold nobody will use).
 pub(crate) struct Finish<T: Send + 'static> {
-    task: Option<JoinHandle<T>>,
+    work: BoxFuture<'static, T>,
+    done: bool,
     orphan: Option<Box<dyn FnOnce(T) -> BoxFuture<'static, ()> + Send>>,
     orphans: Arc<AtomicUsize>,
 }
 
 impl<T: Send + 'static> Finish<T> {
-    pub(crate) fn spawn(
+    pub(crate) fn new(
         work: impl Future<Output = T> + Send + 'static,
         orphans: Arc<AtomicUsize>,
         orphan: impl FnOnce(T) -> BoxFuture<'static, ()> + Send + 'static,
     ) -> Self {
         Finish {
-            task: Some(tokio::spawn(work)),
+            work: Box::pin(work),
+            done: false,
             orphan: Some(Box::new(orphan)),
             orphans,
         }
     }
 
-    pub(crate) async fn join(mut self) -> Result<T> {
-        let Some(task) = self.task.as_mut() else {
-            return Err(Error::Shutdown);
-        };
-        let result = task.await;
-        self.task = None;
-        result.map_err(|join_error| Error::Protocol {
-            script: "acquire",
-            detail: format!("acquire task failed: {join_error}"),
-        })
+    /// Runs the work to completion; the orphan handler is then not needed.
+    pub(crate) async fn join(mut self) -> T {
+        let value = (&mut self.work).await;
+        self.done = true;
+        value
     }
 }
 
 impl<T: Send + 'static> Drop for Finish<T> {
     fn drop(&mut self) {
-        let (Some(task), Some(orphan)) = (self.task.take(), self.orphan.take()) else {
+        let Some(orphan) = self.orphan.take().filter(|_| !self.done) else {
             return;
         };
+        // A boxed zero-sized future does not allocate.
+        let work = std::mem::replace(&mut self.work, Box::pin(std::future::pending()));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return; // no runtime: holds (never renewed) expire with their lease
         };
         let orphans = self.orphans.clone();
         orphans.fetch_add(1, Ordering::AcqRel);
         runtime.spawn(async move {
-            if let Ok(value) = task.await {
-                orphan(value).await;
-            }
+            orphan(work.await).await;
             orphans.fetch_sub(1, Ordering::AcqRel);
         });
     }
@@ -307,17 +394,24 @@ impl<T: Send + 'static> Drop for Finish<T> {
 /// Starts one acquire script call that is finished even if the caller goes away: a hold it
 /// took is released, a queue place it took is left.
 fn start_attempt(
+    slot: tokio::sync::OwnedSemaphorePermit,
     driver: Arc<dyn Driver>,
     owner: Owner,
     waiter: Arc<str>,
+    op: String,
     lease: Duration,
     waiting: bool,
 ) -> Finish<Result<Attempt>> {
     let work = driver
         .clone()
-        .try_acquire(owner.clone(), waiter.clone(), op_id(), lease, waiting);
+        .try_acquire(owner.clone(), waiter.clone(), op, lease, waiting);
+    let work = async move {
+        let attempt = work.await;
+        drop(slot);
+        attempt
+    };
     let orphans = driver.client().orphans().clone();
-    Finish::spawn(work, orphans, move |attempt| {
+    Finish::new(work, orphans, move |attempt| {
         Box::pin(async move {
             match attempt {
                 Ok(Attempt::Acquired { token }) => {

@@ -147,6 +147,34 @@ impl Error {
         }
     }
 
+    /// True when the same attempt may succeed if repeated soon: the command timed out, the
+    /// connection broke, or the server is in the middle of a failover or restart. Waiting
+    /// acquisitions repeat their attempt (same op id) on these, within
+    /// [`crate::Config::transient_retry`].
+    pub(crate) fn is_retryable(&self) -> bool {
+        use fred::error::ErrorKind;
+        const BUSY_SERVER: [&str; 6] = [
+            "LOADING",
+            "READONLY",
+            "MASTERDOWN",
+            "TRYAGAIN",
+            "CLUSTERDOWN",
+            "NOREPLICAS",
+        ];
+        match self {
+            Error::Timeout(_) | Error::Connect(_) => true,
+            Error::Redis(err) => {
+                matches!(
+                    err.kind(),
+                    ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled | ErrorKind::Cluster
+                ) || BUSY_SERVER
+                    .iter()
+                    .any(|prefix| err.details().starts_with(prefix))
+            }
+            _ => false,
+        }
+    }
+
     /// True when retrying later may succeed (connection trouble, timeouts, OOM).
     pub fn is_transient(&self) -> bool {
         matches!(

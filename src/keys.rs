@@ -32,6 +32,16 @@ pub(crate) struct Keyspace {
     shards: u16,
     /// One event stream per shard (Redis Cluster) or one for all (a single Redis).
     sharded_events: bool,
+    /// Per shard: its hash tag, event stream and event counter, built once and shared by
+    /// every lock of the shard (a lock handle then owns one string: its id).
+    names: Arc<[ShardNames]>,
+}
+
+#[derive(Debug)]
+struct ShardNames {
+    tag: Arc<str>,
+    events: Arc<str>,
+    seq: Arc<str>,
 }
 
 impl Keyspace {
@@ -39,11 +49,23 @@ impl Keyspace {
     /// its lock's own slot. On a single Redis (or behind Sentinel) one stream serves every lock,
     /// so each reader issues `XREAD` on one key instead of one per shard.
     pub(crate) fn new(prefix: &str, shards: u16, sharded_events: bool) -> Self {
-        Keyspace {
+        let mut keyspace = Keyspace {
             prefix: prefix.into(),
             shards: shards.max(1),
             sharded_events,
-        }
+            names: Arc::new([]),
+        };
+        keyspace.names = (0..keyspace.shards)
+            .map(|shard| {
+                let events = keyspace.event_shard_of(shard);
+                ShardNames {
+                    tag: keyspace.tag(shard).into(),
+                    events: keyspace.events(events).into(),
+                    seq: keyspace.seq(events).into(),
+                }
+            })
+            .collect();
+        keyspace
     }
 
     pub(crate) fn shards(&self) -> u16 {
@@ -105,15 +127,14 @@ impl Keyspace {
     pub(crate) fn lock(&self, kind: &'static str, name: &str) -> Result<LockKeys> {
         validate_name(name)?;
         let shard = self.shard_of(name);
-        let tag = self.tag(shard);
+        let names = &self.names[usize::from(shard)];
         Ok(LockKeys {
-            name: name.into(),
-            kind,
             id: format!("{kind}:{name}").into(),
+            kind,
             shard,
-            base: format!("{tag}:{kind}").into(),
-            events: self.events(self.event_shard_of(shard)).into(),
-            seq: self.seq(self.event_shard_of(shard)).into(),
+            tag: names.tag.clone(),
+            events: names.events.clone(),
+            seq: names.seq.clone(),
         })
     }
 }
@@ -136,11 +157,11 @@ pub(crate) fn validate_name(name: &str) -> Result<()> {
 /// Names of everything one lock uses.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    name: Arc<str>,
-    kind: &'static str,
+    /// `"<kind>:<name>"`; the name is its tail.
     id: Arc<str>,
+    kind: &'static str,
     shard: u16,
-    base: Arc<str>,
+    tag: Arc<str>,
     events: Arc<str>,
     seq: Arc<str>,
 }
@@ -148,7 +169,7 @@ pub(crate) struct LockKeys {
 impl LockKeys {
     /// The user's lock name.
     pub(crate) fn name(&self) -> &str {
-        &self.name
+        &self.id[self.kind.len() + 1..]
     }
 
     /// `"<kind>:<name>"`: identifies the lock in events and in the local waiter table.
@@ -167,9 +188,9 @@ impl LockKeys {
     /// A key of this lock with the given role; `""` is the main (hold) key.
     pub(crate) fn key(&self, role: &str) -> String {
         if role.is_empty() {
-            format!("{}:{}", self.base, self.name)
+            format!("{}:{}:{}", self.tag, self.kind, self.name())
         } else {
-            format!("{}.{}:{}", self.base, role, self.name)
+            format!("{}:{}.{}:{}", self.tag, self.kind, role, self.name())
         }
     }
 

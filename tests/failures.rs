@@ -1612,3 +1612,68 @@ async fn operations_after_shutdown_fail_with_shutdown() {
         assert!(wrong.is_empty(), "{mode:?} after shutdown: {wrong:#?}");
     }
 }
+
+/// A server that stops answering (SIGSTOP, longer than the command timeout) while a task
+/// waits: the waiting `lock()` repeats its timed-out attempt with the same op id instead of
+/// failing, and once the server answers again it holds the lock exactly once (the timed-out
+/// call, executed by the server after it resumed, is answered by the retry, not applied
+/// twice). `try_lock` never retries: it reports the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_acquisitions_retry_through_an_unresponsive_server() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("retry-{}", mode_name(mode));
+        let holder = LockClient::connect(config(&server.url(), &prefix, mode, 4))
+            .await
+            .unwrap();
+        let mut waiting_config = config(&server.url(), &prefix, mode, 4);
+        waiting_config.command_timeout = Duration::from_millis(300);
+        let waiter = LockClient::connect(waiting_config).await.unwrap();
+
+        let name = "frozen-job";
+        // A short fixed lease: the waiter's next attempt comes when it runs out, i.e. while
+        // the server is frozen.
+        let held = holder
+            .mutex(name)
+            .unwrap()
+            .with_lease(Lease::fixed(Duration::from_millis(500)))
+            .unwrap()
+            .lock()
+            .await
+            .unwrap();
+        let mutex = waiter.mutex(name).unwrap();
+        let task = tokio::spawn(async move { mutex.lock().await });
+        eventually("waiter registered", || waiter.stats().waiting == 1).await;
+
+        server.stop_signal();
+        eventually("a retried attempt", || waiter.stats().retried_attempts > 0).await;
+        // try_lock on the frozen server: one attempt, a typed transient error, no retry.
+        let try_result = waiter.mutex("other").unwrap().try_lock().await;
+        server.cont_signal();
+        match try_result {
+            Err(error) => assert!(error.is_transient(), "{mode:?}: {error}"),
+            Ok(_) => panic!("{mode:?}: try_lock answered by a frozen server"),
+        }
+
+        let guard = bounded("lock after the server resumed", task)
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{mode:?}: waiting lock() failed: {e}"));
+        let state = waiter.mutex(name).unwrap().state().await.unwrap();
+        assert_eq!(
+            state.hold_count, 1,
+            "{mode:?}: the retried attempt was applied twice"
+        );
+        assert_eq!(state.fencing_token, Some(guard.fencing_token()));
+        guard.unlock().await.unwrap();
+        assert!(
+            !waiter.mutex(name).unwrap().is_locked().await.unwrap(),
+            "{mode:?}: a re-entry left behind after the only unlock"
+        );
+        // The holder's hold expired meanwhile: its release is typed, not a success.
+        assert!(matches!(held.unlock().await, Err(Error::NotHeld { .. })));
+        holder.shutdown().await.unwrap();
+        waiter.shutdown().await.unwrap();
+    }
+}

@@ -287,8 +287,25 @@ async fn queued_readers_worker(locks: &LockClient) {
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let lock = locks.rwlock("fanout").unwrap();
+        let redis = locks.redis().clone();
         tasks.push(tokio::spawn(async move {
             let guard = lock.read().await.expect("read");
+            // Hold until all 8 readers (both processes) hold: a reader that released early,
+            // while readers of the other process were still queued, would make its release
+            // the last read release with waiters queued, which emits an event of its own.
+            let _: i64 = redis.incr("fanout-in").await.expect("INCR");
+            let deadline = tokio::time::Instant::now() + HANG;
+            loop {
+                let inside: i64 = redis.get("fanout-in").await.expect("GET");
+                if inside >= 8 {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "readers never all held"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             guard.unlock().await.expect("unlock");
         }));
     }
@@ -602,6 +619,7 @@ fn one_write_release_wakes_queued_readers_in_several_processes_with_one_event() 
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("fanout-{}", mode_name(mode));
+        server.cmd(&["DEL", "fanout-in"]);
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let locks = runtime
             .block_on(LockClient::connect(config(&server.url(), mode, &prefix)))

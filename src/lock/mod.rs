@@ -10,6 +10,7 @@ pub(crate) mod mutex;
 pub(crate) mod redlock;
 pub(crate) mod rwlock;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,26 +64,32 @@ impl Acquirer {
             .unwrap_or_else(|| Lease::watchdog(self.driver.client().config().watchdog_lease))
     }
 
-    async fn acquire(&self, patience: Patience) -> Result<Option<LockGuard>> {
+    /// The engine's future itself, not wrapped in another `async fn`: an async layer that
+    /// takes the arguments by value keeps its own copy of them for as long as the acquisition
+    /// waits, and a pending acquisition's size is a waiting task's main memory cost.
+    fn acquire(
+        &self,
+        patience: Patience,
+    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'static {
         let owner = self.owner.clone().unwrap_or_default();
-        acquire(self.driver.clone(), owner, self.lease(), patience).await
+        acquire(self.driver.clone(), owner, self.lease(), patience)
     }
 
     pub(crate) async fn wait_forever(&self) -> Result<LockGuard> {
-        match self.acquire(Patience::Forever).await? {
-            Some(guard) => Ok(guard),
-            None => Err(Error::Shutdown),
-        }
+        self.acquire(Patience::Forever)
+            .await?
+            .ok_or(Error::Shutdown)
     }
 
     /// `Duration::ZERO` means one attempt without waiting.
     pub(crate) async fn wait_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        if timeout.is_zero() {
-            return self.acquire(Patience::None).await;
-        }
-        check_duration("timeout", timeout, Duration::from_nanos(1))?;
-        let deadline = Instant::now() + timeout.min(MAX_DURATION);
-        self.acquire(Patience::Until(deadline)).await
+        let patience = if timeout.is_zero() {
+            Patience::None
+        } else {
+            check_duration("timeout", timeout, Duration::from_nanos(1))?;
+            Patience::Until(Instant::now() + timeout.min(MAX_DURATION))
+        };
+        self.acquire(patience).await
     }
 }
 

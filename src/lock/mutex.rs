@@ -65,13 +65,7 @@ pub type FairMutex = Mutex;
 impl Mutex {
     pub(crate) fn barging(client: LockClient, name: &str) -> Result<Mutex> {
         let keys = client.keyspace().lock("mutex", name)?;
-        let driver = MutexDriver {
-            hold: keys.key(""),
-            fence: keys.key("fence"),
-            waiters: keys.key("wait"),
-            keys,
-            client,
-        };
+        let driver = MutexDriver { keys, client };
         Ok(Mutex {
             inner: Acquirer::new(Arc::new(driver)),
             fair: false,
@@ -168,20 +162,31 @@ impl fmt::Debug for Mutex {
     }
 }
 
-/// Keys and scripts of one barging mutex.
+/// Keys and scripts of one barging mutex. Key names are built per call rather than stored:
+/// a handle per lock stays small (thousands of locks), and a script call allocates its key
+/// strings anyway.
 pub(crate) struct MutexDriver {
     client: LockClient,
     keys: LockKeys,
-    hold: String,
-    fence: String,
-    waiters: String,
 }
 
 impl MutexDriver {
+    fn hold(&self) -> String {
+        self.keys.key("")
+    }
+
+    fn fence(&self) -> String {
+        self.keys.key("fence")
+    }
+
+    fn waiters(&self) -> String {
+        self.keys.key("wait")
+    }
+
     fn event_keys(&self) -> Vec<String> {
         vec![
-            self.hold.clone(),
-            self.waiters.clone(),
+            self.hold(),
+            self.waiters(),
             self.keys.events().to_owned(),
             self.keys.seq().to_owned(),
         ]
@@ -219,7 +224,7 @@ impl Driver for MutexDriver {
                 &self.client,
                 script,
                 self.keys.name(),
-                vec![self.hold.clone(), self.fence.clone(), self.waiters.clone()],
+                vec![self.hold(), self.fence(), self.waiters()],
                 vec![
                     owner.id().into(),
                     (lease.as_millis() as i64).into(),

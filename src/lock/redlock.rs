@@ -154,7 +154,7 @@ impl Redlock {
             let round = self
                 .start_round(owner.clone(), waiter.clone(), waiting)
                 .join()
-                .await??;
+                .await?;
             let (reachable, ttl, contested) = match round {
                 Round::Won(holds, started) => {
                     tracing::debug!(parent: &span, holds = holds.len(), "acquired on a quorum");
@@ -215,7 +215,7 @@ impl Redlock {
             quorum,
         );
         let orphans = instances[0].client().orphans().clone();
-        Finish::spawn(work, orphans, move |result| {
+        Finish::new(work, orphans, move |result| {
             Box::pin(async move {
                 if let Ok(Round::Won(holds, _)) = result {
                     release_all(&owner, &holds).await;
