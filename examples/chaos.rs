@@ -1763,25 +1763,26 @@ const METRICS: &str = "\
   parentheses, calls still waiting at the end after more than a lease. With push wakeups a \
   waiter should only wait out a lease when the holder vanished without releasing (killed, \
   paused, a release that failed) or the queue ahead of it was long.
-* **lock() errors**: acquisitions that failed with `Error::OutOfMemory` / another error \
-  (connection killed mid-call, server down); the workers retry after 10-40 ms.
-* **unlock() failed**: releases that returned `NotHeld` (the hold had expired) or an error \
-  (the lock then frees itself when its lease ends).
+* **lock() errors**: acquisitions that failed with `Error::OutOfMemory` / another error; \
+  the workers retry after 10-40 ms. A waiting `lock()` repeats an attempt that failed for a \
+  transient reason (timeout, broken connection, a restarting server) itself, with the same \
+  op id, for up to `Config::transient_retry` (30 s), so killed connections and restarts \
+  show up here only when that runs out; `OOM` is not retried.
+* **unlock() failed**: releases that returned `NotHeld` (the hold had expired or passed to \
+  another owner; where no holder dies, it can also be a release that the Redis client sent \
+  again after its connection broke, when the first send had already freed the lock and \
+  another owner had taken it) or an error (the lock then frees itself when its lease ends).
 * **Safe**: no violation, no duplicate token, exact counter, every refused holder told \
   through `lost()`, no resource error, no worker hung.";
 
 /// Shown when `RwLock` writers waited out a lease although no holder died.
 const RW_WAKEUP_NOTE: &str = "\
-* **Open issue, `RwLock` writers (liveness, not safety)**: writers wait in a FIFO queue in \
-  Redis, but a write release emits one `chain` event and each process wakes the head of its \
-  *local* waiter queue, which is in registration order. When a process's writers entered \
-  the Redis queue in another order than they registered locally (their acquire scripts run \
-  in separate tasks; the `NOSCRIPT` reloads on a fresh server, after `SCRIPT FLUSH` or a \
-  restart reorder them easily), the woken local head is not the Redis head: its retry fails \
-  and the real head is never woken, so it sleeps out its wait bound (the holder's lease, or \
-  the waiter lease). This is the most likely cause of the `RwLock write` waits above, which \
-  appear even in the baseline right after the server starts. The fair mutex, whose events \
-  name the waiter to wake, does not show them.
+* **Unexpected `RwLock` write waits (liveness, not safety)**: writers waited out a lease \
+  although no holder died. A release names the writer at the head of the Redis queue (rule \
+  `name`, since 2c3caa8) and a reader head gets one `chain` event that lists the readers \
+  Redis admits (since 1988e32), so a waiter should not have to sleep out its wait bound \
+  here. Treat this as a regression and look at the wake events (`RUST_LOG=fredlock=debug` \
+  in the workers).
 ";
 
 fn render_markdown(
@@ -1811,8 +1812,9 @@ fn render_markdown(
          (`--appendonly yes --appendfsync always`). Worker processes (the example binary \
          re-executed) each run the same number of tasks on a `Mutex`, a fair `Mutex` and the \
          write side of an `RwLock` at the same time, all with a watchdog lease (1 s for \
-         `sigstop` and `mixed`, 2 s otherwise; the fair lock's waiter lease equals it). A task \
-         loops: `lock()`, critical section, `unlock()`, retrying after errors.\n\n\
+         `sigstop` and `mixed`, 2 s otherwise; the waiter lease of the fair and read-write \
+         queues equals it; every other setting has its default, e.g. `transient_retry` 30 s). \
+         A task loops: `lock()`, critical section, `unlock()`, retrying after errors.\n\n\
          The critical section works on a resource on a **separate** `redis-server`, so faults \
          of the lock server never touch it: a Lua `enter(token)` refuses tokens lower than the \
          highest it has seen and records the holder as inside; after 0-2 ms of work a Lua \
