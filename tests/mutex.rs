@@ -699,3 +699,71 @@ async fn every_local_waiter_is_woken_in_turn() {
         locks.shutdown().await.unwrap();
     }
 }
+
+/// A script as `src/scripts.rs` composes it: the type-check prelude, the libraries, the script.
+fn composed(libraries: &[&str], script: &str) -> String {
+    let mut body = String::from(include_str!("../lua/lib/check.lua"));
+    body.push('\n');
+    for library in libraries {
+        body.push_str(library);
+        body.push('\n');
+    }
+    body.push_str(script);
+    body
+}
+
+/// fred re-sends the commands of a broken connection, so a release that freed the lock can
+/// arrive a second time after another owner took it. The re-sent release (same op id) must be
+/// answered "released", not "held by another", and must leave the new holder alone.
+#[test]
+fn a_release_resent_after_another_owner_took_the_lock_is_answered_released() {
+    init_tracing();
+    let server = RedisServer::start();
+    let hold_lib = include_str!("../lua/lib/hold.lua");
+    let notify_lib = include_str!("../lua/lib/notify.lua");
+    let acquire = composed(&[hold_lib], include_str!("../lua/mutex_acquire.lua"));
+    let release = composed(
+        &[hold_lib, notify_lib],
+        include_str!("../lua/mutex_release.lua"),
+    );
+    let (hold, fence, wait) = ("{t:0}:mutex:x", "{t:0}:mutex.fence:x", "{t:0}:mutex.wait:x");
+    let (events, seq) = ("{t:events}", "{t:events}:seq");
+    let take = |owner: &str, op: &str| {
+        server
+            .cmd(&[
+                "EVAL", &acquire, "3", hold, fence, wait, owner, "30000", op, "0", "0",
+            ])
+            .as_array()
+            .iter()
+            .map(|v| v.as_int())
+            .collect::<Vec<_>>()
+    };
+    let give_back = |owner: &str, token: &str, op: &str| {
+        server
+            .cmd(&[
+                "EVAL", &release, "4", hold, wait, events, seq, owner, token, op, "0", "5000",
+                "stream", "1000", "mutex:x",
+            ])
+            .as_array()
+            .iter()
+            .map(|v| v.as_int())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(take("a", "a-take"), vec![1, 1, 1]);
+    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
+    assert_eq!(take("b", "b-take"), vec![1, 2, 1]);
+    // The re-sent release of a: answered as the release it was.
+    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
+    assert_eq!(
+        server.cmd(&["HGET", hold, "o"]).as_str().as_deref(),
+        Some("b")
+    );
+    assert_eq!(server.cmd(&["HGET", hold, "c"]).as_int(), 1);
+    // A new release by a (another op) is still refused: b holds the lock.
+    assert_eq!(give_back("a", "1", "a-again"), vec![-1, 0]);
+    assert_eq!(
+        server.cmd(&["HGET", hold, "o"]).as_str().as_deref(),
+        Some("b")
+    );
+    assert_eq!(give_back("b", "2", "b-release"), vec![1, 0]);
+}

@@ -1,10 +1,13 @@
 -- hold.lua: library prelude for every lock whose hold is one owner's reentrant hash, prepended
 -- by src/scripts.rs. Not a script of its own.
 --
--- A hold is a hash {o = owner id, c = hold count, f = fencing token, r = last op id}. After the
--- last release the hash is replaced by a tombstone {r} that lives a few seconds, so that a
--- retried release (same op id) is still answered "released". The fencing counter is a separate
--- key that never expires.
+-- A hold is a hash {o = owner id, c = hold count, f = fencing token, r = last op id, and
+-- x = the op id of the release that freed the lock before this hold, if any}. After the last
+-- release the hash is replaced by a tombstone {r} that lives a few seconds, so that a retried
+-- release (same op id) is still answered "released"; the next take keeps that op id as x, so a
+-- release re-sent after another owner already took the lock (the client re-sends commands of a
+-- broken connection) is still answered "released", not "held by another". The fencing counter
+-- is a separate key that never expires.
 --
 -- fl_take(hold, fence, owner, op, lease)          -> {1, token, 1}
 --   Takes a free hold for owner with a new fencing token and a lease in ms.
@@ -18,8 +21,12 @@
 --   {1, holds left} released, {0, 0} not held, {-1, 0} held by another owner or token.
 local function fl_take(hold, fence, owner, op, lease)
   local token = redis.call('INCR', fence)
+  local freed_by = redis.call('HGET', hold, 'r')
   redis.call('DEL', hold)
   redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
+  if freed_by then
+    redis.call('HSET', hold, 'x', freed_by)
+  end
   redis.call('PEXPIRE', hold, lease)
   return {1, token, 1}
 end
@@ -38,10 +45,13 @@ local function fl_reenter(hold, owner, op, lease)
 end
 
 local function fl_release(hold, owner, token, op, all, tomb)
-  local fields = redis.call('HMGET', hold, 'o', 'c', 'f', 'r')
+  local fields = redis.call('HMGET', hold, 'o', 'c', 'f', 'r', 'x')
   local current, count, held_token, last_op = fields[1], tonumber(fields[2]), fields[3], fields[4]
   if last_op == op then
     return 'retried', count or 0
+  end
+  if fields[5] == op then
+    return 'retried', 0
   end
   if not current then
     return 'absent', 0
