@@ -153,21 +153,30 @@ impl Error {
     /// [`crate::Config::transient_retry`].
     pub(crate) fn is_retryable(&self) -> bool {
         use fred::error::ErrorKind;
-        const BUSY_SERVER: [&str; 6] = [
+        // Server replies during a restart or failover, and fred's own give-ups while the
+        // cluster's slot map is still moving (it re-sent the command to the old master after
+        // MOVED until its attempt budget ran out).
+        const IN_FLUX: [&str; 8] = [
             "LOADING",
             "READONLY",
             "MASTERDOWN",
             "TRYAGAIN",
             "CLUSTERDOWN",
             "NOREPLICAS",
+            "Too many failed write attempts",
+            "Too many redirections",
         ];
         match self {
             Error::Timeout(_) | Error::Connect(_) => true,
             Error::Redis(err) => {
                 matches!(
                     err.kind(),
-                    ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled | ErrorKind::Cluster
-                ) || BUSY_SERVER
+                    ErrorKind::IO
+                        | ErrorKind::Timeout
+                        | ErrorKind::Canceled
+                        | ErrorKind::Cluster
+                        | ErrorKind::Routing
+                ) || IN_FLUX
                     .iter()
                     .any(|prefix| err.details().starts_with(prefix))
             }
@@ -181,5 +190,46 @@ impl Error {
             self,
             Error::Timeout(_) | Error::Redis(_) | Error::Connect(_) | Error::OutOfMemory(_)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fred::error::{Error as FredError, ErrorKind};
+
+    fn redis(kind: ErrorKind, details: &'static str) -> Error {
+        Error::from_redis(FredError::new(kind, details), "lock", "key")
+    }
+
+    #[test]
+    fn failover_and_connection_trouble_is_retryable_and_nothing_else() {
+        for retryable in [
+            redis(ErrorKind::IO, "Connection reset by peer"),
+            redis(ErrorKind::Timeout, "Request timed out."),
+            redis(ErrorKind::Routing, "Too many redirections."),
+            redis(ErrorKind::Unknown, "Too many failed write attempts."),
+            redis(
+                ErrorKind::Unknown,
+                "LOADING Redis is loading the dataset in memory",
+            ),
+            redis(
+                ErrorKind::Unknown,
+                "READONLY You can't write against a read only replica.",
+            ),
+            redis(ErrorKind::Unknown, "CLUSTERDOWN The cluster is down"),
+        ] {
+            assert!(retryable.is_retryable(), "{retryable:?}");
+        }
+        for fatal in [
+            redis(ErrorKind::Unknown, "WRONGTYPE Operation against a key"),
+            redis(ErrorKind::Unknown, "NOPERM this user has no permissions"),
+            redis(ErrorKind::Unknown, "OOM command not allowed"),
+            redis(ErrorKind::Auth, "WRONGPASS invalid username-password pair"),
+            redis(ErrorKind::Unknown, "ERR Error running script"),
+            Error::Shutdown,
+        ] {
+            assert!(!fatal.is_retryable(), "{fatal:?}");
+        }
     }
 }
