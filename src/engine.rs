@@ -161,6 +161,8 @@ async fn acquire_loop(
     let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
     let mut retry = TransientRetry::default();
     let mut op = op_id();
+    // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
+    let mut woken = false;
 
     loop {
         let sent_at = Instant::now();
@@ -206,6 +208,13 @@ async fn acquire_loop(
             Err(error) => {
                 let window = driver.client().config().transient_retry;
                 let Some(pause) = retry.pause_after(&error, window, patience) else {
+                    if woken {
+                        // This attempt answered a wakeup and failed: let the next local waiter
+                        // have it instead of sleeping until its lease runs out.
+                        if let Some(registration) = registration.as_ref() {
+                            registration.hand_on_wakeup();
+                        }
+                    }
                     return Err(error);
                 };
                 tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
@@ -224,7 +233,7 @@ async fn acquire_loop(
         // registered before the check below is woken, one that checks after it sees the mark.
         driver.client().check_open()?;
         tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
-        let woken = registration.wait(limit).await;
+        woken = registration.wait(limit).await;
         tracing::trace!(woken, "re-checking");
         driver.client().check_open()?;
     }

@@ -342,6 +342,15 @@ impl Registration {
     }
 }
 
+impl Registration {
+    /// The attempt that answered this waiter's last wakeup failed and the waiter is about to
+    /// give up: mark the wakeup unused, so that dropping the registration passes it on to the
+    /// next local waiter.
+    pub(crate) fn hand_on_wakeup(&self) {
+        self.waiter.woken.fetch_max(WOKEN, Ordering::AcqRel);
+    }
+}
+
 impl Drop for Registration {
     fn drop(&mut self) {
         self.table.remove(&self.lock_id, &self.waiter);
@@ -547,5 +556,19 @@ mod tests {
         assert!(seq.gap(0, 8));
         assert!(!seq.gap(1, 1));
         assert!(!seq.gap(9, 1), "unknown shard is ignored");
+    }
+
+    #[tokio::test]
+    async fn a_woken_waiter_that_fails_hands_its_wakeup_on() {
+        let table = WaiterTable::new();
+        let lock = id("mutex:a");
+        let first = table.register(&lock, WaitKind::Exclusive, None);
+        let second = table.register(&lock, WaitKind::Exclusive, None);
+        table.dispatch("mutex:a", &WakeRule::One);
+        assert!(first.wait(Duration::from_millis(1)).await);
+        // Its attempt failed (say, out of memory) and it gives up.
+        first.hand_on_wakeup();
+        drop(first);
+        assert!(second.wait(Duration::from_millis(1)).await);
     }
 }
