@@ -483,16 +483,35 @@ pub(crate) async fn run_release_worker(
     while running.join_next().await.is_some() {}
 }
 
+/// Releases one dropped guard's hold. A transient failure (timeout, broken connection,
+/// failover) is retried with the same op id, so a release that did run is answered, not applied
+/// twice, until the hold's lease would have ended anyway.
 async fn release_dropped(job: ReleaseJob) {
+    const MAX_PAUSE: Duration = Duration::from_secs(1);
     let hold = job.hold;
     let lock = hold.driver.keys().name().to_owned();
-    match hold
-        .driver
-        .release(&hold.owner, hold.token, &op_id(), false)
-        .await
-    {
-        Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
-        Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),
+    let op = op_id();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match hold
+            .driver
+            .release(&hold.owner, hold.token, &op, false)
+            .await
+        {
+            Ok(outcome) => {
+                tracing::debug!(lock, token = hold.token, ?outcome, "released on drop");
+                return;
+            }
+            Err(error) if error.is_retryable() && Instant::now() + pause < hold.deadline() => {
+                tracing::debug!(lock, %error, "release on drop failed; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_PAUSE);
+            }
+            Err(error) => {
+                tracing::warn!(lock, %error, "release on drop failed; the lease will expire");
+                return;
+            }
+        }
     }
 }
 

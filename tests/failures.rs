@@ -1677,3 +1677,38 @@ async fn waiting_acquisitions_retry_through_an_unresponsive_server() {
         waiter.shutdown().await.unwrap();
     }
 }
+
+/// A guard dropped while the server does not answer (SIGSTOP past the command timeout): the
+/// release worker retries the release with the same op id once the server is back, so the
+/// lock is free long before its 120 s lease would have ended (the bound below is 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_drop_survives_an_unresponsive_server() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("dropretry-{}", mode_name(mode));
+        let mut cfg = config(&server.url(), &prefix, mode, 4);
+        cfg.command_timeout = Duration::from_millis(300);
+        let locks = LockClient::connect(cfg).await.unwrap();
+        let mutex = locks
+            .mutex("frozen-release")
+            .unwrap()
+            .with_lease(Lease::fixed(Duration::from_secs(120)))
+            .unwrap();
+        let guard = mutex.lock().await.unwrap();
+        server.stop_signal();
+        drop(guard);
+        // Longer than the command timeout: the first release attempt times out.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        server.cont_signal();
+        let deadline = tokio::time::Instant::now() + HANG;
+        while mutex.is_locked().await.unwrap_or(true) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{mode:?}: the dropped guard's release was never retried"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        locks.shutdown().await.unwrap();
+    }
+}
