@@ -20,8 +20,8 @@ use tracing::Instrument;
 
 use crate::client::Core;
 use crate::config::{check_lease, MAX_DURATION};
-use crate::engine::Driver;
-use crate::error::Result;
+use crate::engine::{Driver, Released};
+use crate::error::{NotHeldReason, Result};
 use crate::owner::{op_id, Owner};
 use crate::scripts::{int_array, Script};
 
@@ -483,13 +483,12 @@ pub(crate) async fn run_release_worker(
     while running.join_next().await.is_some() {}
 }
 
-/// Releases one dropped guard's hold. A transient failure (timeout, broken connection,
-/// failover) is retried with the same op id, so a release that did run is answered, not applied
-/// twice, until the hold's lease would have ended anyway.
-async fn release_dropped(job: ReleaseJob) {
+/// Releases one level of `hold` (for `unlock()` and dropped guards). A transient failure
+/// (timeout, broken connection, failover) is retried with the same op id, so a release that did
+/// run is answered, not applied twice, until the hold's lease would have ended anyway; a hold
+/// whose lease is over by then is reported as expired.
+pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
     const MAX_PAUSE: Duration = Duration::from_secs(1);
-    let hold = job.hold;
-    let lock = hold.driver.keys().name().to_owned();
     let op = op_id();
     let mut pause = Duration::from_millis(20);
     loop {
@@ -498,20 +497,28 @@ async fn release_dropped(job: ReleaseJob) {
             .release(&hold.owner, hold.token, &op, false)
             .await
         {
-            Ok(outcome) => {
-                tracing::debug!(lock, token = hold.token, ?outcome, "released on drop");
-                return;
-            }
-            Err(error) if error.is_retryable() && Instant::now() + pause < hold.deadline() => {
-                tracing::debug!(lock, %error, "release on drop failed; retrying");
+            Err(error) if error.is_retryable() => {
+                if Instant::now() + pause >= hold.deadline() {
+                    // The lease is over: Redis drops the hold by itself (at the latest when its
+                    // TTL, which this client no longer extends, runs out).
+                    tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed past the lease; the hold expires");
+                    return Ok(Released::NotHeld(NotHeldReason::Expired));
+                }
+                tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(MAX_PAUSE);
             }
-            Err(error) => {
-                tracing::warn!(lock, %error, "release on drop failed; the lease will expire");
-                return;
-            }
+            other => return other,
         }
+    }
+}
+
+async fn release_dropped(job: ReleaseJob) {
+    let hold = job.hold;
+    let lock = hold.driver.keys().name();
+    match release_hold(&hold).await {
+        Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
+        Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),
     }
 }
 

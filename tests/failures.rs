@@ -1712,3 +1712,34 @@ async fn a_release_on_drop_survives_an_unresponsive_server() {
         locks.shutdown().await.unwrap();
     }
 }
+
+/// `unlock()` while the server does not answer (SIGSTOP past the command timeout) retries with
+/// the same op id and succeeds once the server is back, instead of reporting a timeout for a
+/// lock that then stays held until its lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_rides_out_an_unresponsive_server() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("unlockretry-{}", mode_name(mode));
+        let mut cfg = config(&server.url(), &prefix, mode, 4);
+        cfg.command_timeout = Duration::from_millis(300);
+        let locks = LockClient::connect(cfg).await.unwrap();
+        let mutex = locks
+            .mutex("frozen-unlock")
+            .unwrap()
+            .with_lease(Lease::fixed(Duration::from_secs(120)))
+            .unwrap();
+        let guard = mutex.lock().await.unwrap();
+        server.stop_signal();
+        let unlocking = tokio::spawn(guard.unlock());
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        server.cont_signal();
+        bounded("unlock after the server resumed", unlocking)
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{mode:?}: unlock failed: {e}"));
+        assert!(!mutex.is_locked().await.unwrap(), "{mode:?}: still locked");
+        locks.shutdown().await.unwrap();
+    }
+}

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use crate::client::LockClient;
 use crate::engine::Released;
 use crate::error::{Error, NotHeldReason, Result};
-use crate::lease::{check_extension, renew, Hold, LostCause, ReleaseJob};
-use crate::owner::{op_id, Owner};
+use crate::lease::{check_extension, release_hold, renew, Hold, LostCause, ReleaseJob};
+use crate::owner::Owner;
 
 /// Proof of one hold on a lock. Returned by every acquire method of every lock type.
 ///
@@ -122,14 +122,14 @@ impl LockGuard {
 
     /// Releases this hold (one level of re-entry) and reports the outcome. A hold that expired
     /// or passed to another owner gives [`Error::NotHeld`] and leaves the current holder alone.
+    /// Transient failures (timeout, broken connection, failover) are retried with the same op
+    /// id until the hold's lease would have ended; if Redis is still unreachable then, the
+    /// result is `NotHeld { reason: Expired }` (the hold expires on its own).
     pub async fn unlock(mut self) -> Result<()> {
         self.armed = false;
         self.client.holds().release_guard(&self.hold);
         let hold = self.hold.clone();
-        let outcome = hold
-            .driver
-            .release(&hold.owner, hold.token, &op_id(), false)
-            .await?;
+        let outcome = release_hold(&hold).await?;
         tracing::debug!(lock = self.name(), token = hold.token, ?outcome, "released");
         match outcome {
             Released::Yes { .. } => Ok(()),
