@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::client::LockClient;
-use crate::error::{Error, NotHeldReason, Result};
+use crate::error::{Backoff, Error, NotHeldReason, Result};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
@@ -270,19 +270,15 @@ async fn attempt(
 }
 
 /// When a waiting acquisition repeats an attempt that failed for a transient reason: with
-/// growing pauses, for at most [`crate::Config::transient_retry`] since the first failure in
-/// a row, never past the caller's deadline, never for `try_lock`.
+/// growing pauses ([`Backoff`]), for at most [`crate::Config::transient_retry`] since the first
+/// failure in a row, never past the caller's deadline, never for `try_lock`.
 #[derive(Default)]
 struct TransientRetry {
     failing_since: Option<Instant>,
-    /// The pause before the next retry (zero: the first one, [`Self::FIRST_PAUSE`]).
-    pause: Duration,
+    backoff: Backoff,
 }
 
 impl TransientRetry {
-    const FIRST_PAUSE: Duration = Duration::from_millis(20);
-    const MAX_PAUSE: Duration = Duration::from_secs(1);
-
     /// The pause before the next retry, or None when `error` must be returned.
     fn pause_after(
         &mut self,
@@ -302,9 +298,7 @@ impl TransientRetry {
         if left.is_zero() {
             return None;
         }
-        let pause = self.pause.max(Self::FIRST_PAUSE);
-        self.pause = (pause * 2).min(Self::MAX_PAUSE);
-        Some(pause.min(left))
+        Some(self.backoff.next_pause().min(left))
     }
 
     /// A reply arrived: the next failure starts a new window.

@@ -193,6 +193,34 @@ impl Error {
     }
 }
 
+/// The pauses between repeats of a call that failed for a transient reason
+/// ([`Error::is_retryable`]): 20 ms, doubling up to 1 s. Shared by acquisitions and releases.
+#[derive(Debug, Default)]
+pub(crate) struct Backoff {
+    /// The last pause given (zero before the first).
+    last: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(20);
+    const MAX: Duration = Duration::from_secs(1);
+
+    /// The next pause.
+    pub(crate) fn next_pause(&mut self) -> Duration {
+        self.last = if self.last.is_zero() {
+            Self::FIRST
+        } else {
+            (self.last * 2).min(Self::MAX)
+        };
+        self.last
+    }
+
+    /// The next pause, without consuming it.
+    pub(crate) fn peek(&self) -> Duration {
+        Backoff { last: self.last }.next_pause()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,5 +259,16 @@ mod tests {
         ] {
             assert!(!fatal.is_retryable(), "{fatal:?}");
         }
+    }
+
+    #[test]
+    fn backoff_doubles_from_20_ms_up_to_1_s() {
+        let mut backoff = Backoff::default();
+        assert_eq!(backoff.peek(), Duration::from_millis(20));
+        let pauses: Vec<u64> = (0..8)
+            .map(|_| backoff.next_pause().as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [20, 40, 80, 160, 320, 640, 1000, 1000]);
+        assert_eq!(backoff.peek(), Duration::from_secs(1));
     }
 }

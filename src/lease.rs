@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::client::Core;
 use crate::config::{check_lease, MAX_DURATION};
 use crate::engine::{Driver, Released};
-use crate::error::{NotHeldReason, Result};
+use crate::error::{Backoff, NotHeldReason, Result};
 use crate::owner::{op_id, Owner};
 use crate::scripts::{int_array, Script};
 
@@ -488,9 +488,8 @@ pub(crate) async fn run_release_worker(
 /// run is answered, not applied twice, until the hold's lease would have ended anyway; a hold
 /// whose lease is over by then is reported as expired.
 pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
-    const MAX_PAUSE: Duration = Duration::from_secs(1);
     let op = op_id();
-    let mut pause = Duration::from_millis(20);
+    let mut backoff = Backoff::default();
     loop {
         match hold
             .driver
@@ -498,15 +497,14 @@ pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
             .await
         {
             Err(error) if error.is_retryable() => {
-                if Instant::now() + pause >= hold.deadline() {
+                if Instant::now() + backoff.peek() >= hold.deadline() {
                     // The lease is over: Redis drops the hold by itself (at the latest when its
                     // TTL, which this client no longer extends, runs out).
                     tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed past the lease; the hold expires");
                     return Ok(Released::NotHeld(NotHeldReason::Expired));
                 }
                 tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_PAUSE);
+                tokio::time::sleep(backoff.next_pause()).await;
             }
             other => return other,
         }

@@ -1678,62 +1678,69 @@ async fn waiting_acquisitions_retry_through_an_unresponsive_server() {
     }
 }
 
-/// A guard dropped while the server does not answer (SIGSTOP past the command timeout): the
-/// release worker retries the release with the same op id once the server is back, so the
-/// lock is free long before its 120 s lease would have ended (the bound below is 30 s).
+/// A client with a short command timeout holding `name` under a fixed 120 s lease, for the
+/// tests that freeze the server (SIGSTOP) past that timeout while a release is under way.
+async fn hold_with_short_timeouts(
+    server: &RedisServer,
+    mode: NotificationMode,
+    prefix: &str,
+    name: &str,
+) -> (LockClient, fredlock::Mutex, fredlock::LockGuard) {
+    let mut cfg = config(&server.url(), prefix, mode, 4);
+    cfg.command_timeout = Duration::from_millis(300);
+    let locks = LockClient::connect(cfg).await.unwrap();
+    let mutex = locks
+        .mutex(name)
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(120)))
+        .unwrap();
+    let guard = mutex.lock().await.unwrap();
+    (locks, mutex, guard)
+}
+
+/// Longer than the command timeout of [`hold_with_short_timeouts`]: the first release attempt
+/// made while the server is frozen times out.
+const FROZEN: Duration = Duration::from_millis(800);
+
+/// A guard dropped while the server does not answer: the release worker retries the release
+/// with the same op id once the server is back, so the lock is free long before its 120 s
+/// lease would have ended (the bound below is 30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_on_drop_survives_an_unresponsive_server() {
     support::init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("dropretry-{}", mode_name(mode));
-        let mut cfg = config(&server.url(), &prefix, mode, 4);
-        cfg.command_timeout = Duration::from_millis(300);
-        let locks = LockClient::connect(cfg).await.unwrap();
-        let mutex = locks
-            .mutex("frozen-release")
-            .unwrap()
-            .with_lease(Lease::fixed(Duration::from_secs(120)))
-            .unwrap();
-        let guard = mutex.lock().await.unwrap();
+        let (locks, mutex, guard) =
+            hold_with_short_timeouts(&server, mode, &prefix, "frozen-release").await;
         server.stop_signal();
         drop(guard);
-        // Longer than the command timeout: the first release attempt times out.
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        tokio::time::sleep(FROZEN).await;
         server.cont_signal();
-        let deadline = tokio::time::Instant::now() + HANG;
-        while mutex.is_locked().await.unwrap_or(true) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{mode:?}: the dropped guard's release was never retried"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        bounded("the dropped guard's release retried", async {
+            while mutex.is_locked().await.unwrap_or(true) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
         locks.shutdown().await.unwrap();
     }
 }
 
-/// `unlock()` while the server does not answer (SIGSTOP past the command timeout) retries with
-/// the same op id and succeeds once the server is back, instead of reporting a timeout for a
-/// lock that then stays held until its lease ends.
+/// `unlock()` while the server does not answer retries with the same op id and succeeds once
+/// the server is back, instead of reporting a timeout for a lock that then stays held until
+/// its lease ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlock_rides_out_an_unresponsive_server() {
     support::init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("unlockretry-{}", mode_name(mode));
-        let mut cfg = config(&server.url(), &prefix, mode, 4);
-        cfg.command_timeout = Duration::from_millis(300);
-        let locks = LockClient::connect(cfg).await.unwrap();
-        let mutex = locks
-            .mutex("frozen-unlock")
-            .unwrap()
-            .with_lease(Lease::fixed(Duration::from_secs(120)))
-            .unwrap();
-        let guard = mutex.lock().await.unwrap();
+        let (locks, mutex, guard) =
+            hold_with_short_timeouts(&server, mode, &prefix, "frozen-unlock").await;
         server.stop_signal();
         let unlocking = tokio::spawn(guard.unlock());
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        tokio::time::sleep(FROZEN).await;
         server.cont_signal();
         bounded("unlock after the server resumed", unlocking)
             .await

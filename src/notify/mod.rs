@@ -340,9 +340,7 @@ impl Registration {
         let woke = tokio::time::timeout(limit, notified).await.is_ok();
         self.waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE || woke
     }
-}
 
-impl Registration {
     /// The attempt that answered this waiter's last wakeup failed and the waiter is about to
     /// give up: mark the wakeup unused, so that dropping the registration passes it on to the
     /// next local waiter.
