@@ -1,9 +1,11 @@
 -- fair_acquire.lua: take or re-enter a fair (FIFO) reentrant lock, or join its queue.
--- Uses lib/hold.lua, lib/queue.lua and lib/notify.lua.
+-- Uses lib/hold.lua, lib/queue.lua, lib/notify.lua and lib/fair.lua.
 --
 -- The lock goes to the first live waiter of the queue; a newcomer gets it only when it is free
--- and nobody is queued. Dead waiters met at the head are evicted, and if that leaves a free lock
--- with a live head, the head is told by a `name` event.
+-- and nobody is queued. Usually a release grants the lock to the head directly (lib/fair.lua);
+-- this script takes it for the head only when the lock was left free (force unlock, a waiter
+-- that left, a lease that ran out). Dead waiters met at the head are evicted, and if that
+-- leaves a free lock with a live head, the head is told by a `name` event.
 --
 -- KEYS[1] hold     hold hash (see lib/hold.lua)
 -- KEYS[2] fence    fencing counter; never expires, never reset
@@ -11,33 +13,41 @@
 -- KEYS[4] alive    ZSET waiter id -> lease end (server ms)
 -- KEYS[5] events   the shard's stream or channel
 -- KEYS[6] seq      the shard's event counter
+-- KEYS[7] bids     HASH waiter id -> "<lease ms>|<owner id>" (see lib/fair.lua)
 -- ARGV[1] owner id
 -- ARGV[2] lease in ms (> 0)
 -- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
--- ARGV[4] waiter id of this acquisition
+-- ARGV[4] waiter id of this acquisition (unique per acquisition)
 -- ARGV[5] waiter lease in ms; 0 for a try that must not join the queue
 -- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
---         {0, ms to wait at most before trying again} otherwise.
+--         {1, fencing token, hold count, remaining ms} when a release had already granted the
+--           lock to this acquisition (the hold lasts only that long until it is renewed),
+--         {0, ms to wait at most before trying again, server time in ms} otherwise.
 fl_expect(KEYS[1], 'hash')
 fl_expect(KEYS[2], 'string')
 fl_expect(KEYS[3], 'list')
 fl_expect(KEYS[4], 'zset')
+fl_expect(KEYS[7], 'hash')
 fl_expect_events(KEYS[5], KEYS[6], ARGV[6])
-local hold, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local hold, fence, queue, alive, bids = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]
 local owner, lease, op, id, waiter_lease = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 
-local current = redis.call('HGET', hold, 'o')
+local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c')
+local current = fields[1]
+if current and fields[2] == id then
+  return {1, tonumber(fields[3]), tonumber(fields[4]), redis.call('PTTL', hold)}
+end
 if current == owner then
   return fl_reenter(hold, owner, op, lease)
 end
 
 local now = fl_now()
-local head, evicted = fl_head(queue, alive, now)
+local head, evicted = fl_head(queue, alive, now, bids)
 if not current and (not head or head == id) then
   if head then
-    fl_dequeue(queue, alive, id)
+    fl_dequeue(queue, alive, id, bids)
   end
   return fl_take(hold, fence, owner, op, lease)
 end
@@ -46,7 +56,7 @@ if evicted > 0 and not current and head then
 end
 
 if waiter_lease > 0 then
-  fl_enqueue(queue, alive, id, now, waiter_lease)
+  fl_enqueue(queue, alive, id, now, waiter_lease, bids, fl_bid(lease, owner))
 end
 
 -- Wait at most until the holder's lease ends, or (free but reserved) the head's waiter lease.
@@ -59,4 +69,4 @@ end
 if wait < 1 then
   wait = 1
 end
-return {0, wait}
+return {0, wait, now}

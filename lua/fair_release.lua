@@ -1,9 +1,11 @@
--- fair_release.lua: give back one hold (or all holds) of a fair lock; hand the turn to the head.
--- Uses lib/hold.lua, lib/queue.lua and lib/notify.lua.
+-- fair_release.lua: give back one hold (or all holds) of a fair lock; grant it to the head.
+-- Uses lib/hold.lua, lib/queue.lua, lib/notify.lua and lib/fair.lua.
 --
 -- KEYS[1] hold, KEYS[2] queue, KEYS[3] alive (see fair_acquire.lua)
 -- KEYS[4] events   the shard's stream or channel
 -- KEYS[5] seq      the shard's event counter
+-- KEYS[6] bids     the queued waiters' bids (see lib/fair.lua)
+-- KEYS[7] fence    fencing counter (a grant takes the next token)
 -- ARGV[1] owner id
 -- ARGV[2] fencing token of the hold being released
 -- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
@@ -11,18 +13,18 @@
 -- ARGV[5] tombstone ttl in ms (see lib/hold.lua)
 -- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
 --
--- When the lock becomes free, dead waiters at the head are evicted and one `name` event wakes
--- the first live waiter only.
+-- When the lock becomes free, dead waiters at the head are evicted and the lock is granted to
+-- the first live waiter, whose process alone is told (one `grant` event; see lib/fair.lua).
 -- Returns {1, holds left} when released, {0, 0} when not held, {-1, 0} when held by another.
 fl_expect(KEYS[1], 'hash')
 fl_expect(KEYS[2], 'list')
 fl_expect(KEYS[3], 'zset')
+fl_expect(KEYS[6], 'hash')
+fl_expect(KEYS[7], 'string')
 fl_expect_events(KEYS[4], KEYS[5], ARGV[6])
 local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
 if status == 'freed' then
-  local head = fl_head(KEYS[2], KEYS[3], fl_now())
-  if head then
-    fl_emit(KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], 'name', head)
-  end
+  fl_grant_head(KEYS[1], KEYS[7], KEYS[2], KEYS[3], KEYS[6], fl_now(),
+    KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8])
 end
 return fl_release_reply(status, left)

@@ -63,6 +63,10 @@ pub(crate) struct Core {
     pub(crate) attempt_slots: Arc<tokio::sync::Semaphore>,
     /// Attempts repeated after a transient failure (diagnostics).
     pub(crate) retried_attempts: AtomicU64,
+    /// Acquire script calls (diagnostics).
+    pub(crate) attempts: AtomicU64,
+    /// Acquisitions completed by a grant event, without a script call (diagnostics).
+    pub(crate) granted: AtomicU64,
     /// No new acquisitions (shutdown started).
     closed: AtomicBool,
     /// Connections closed: every command fails at once with [`Error::Shutdown`].
@@ -333,6 +337,8 @@ impl LockClient {
             queued: QueuedWaiters::default(),
             orphans: Arc::default(),
             retried_attempts: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
             closed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
@@ -434,6 +440,8 @@ impl LockClient {
             orphaned_attempts: core.orphans.load(Ordering::Acquire),
             queued_in_redis: core.queued.len(),
             retried_attempts: core.retried_attempts.load(Ordering::Relaxed),
+            attempts: core.attempts.load(Ordering::Relaxed),
+            granted: core.granted.load(Ordering::Relaxed),
         }
     }
 
@@ -545,13 +553,18 @@ pub struct ClientStats {
     /// Acquire attempts repeated after a transient failure (see
     /// [`Config::transient_retry`](crate::Config::transient_retry)) since start.
     pub retried_attempts: u64,
+    /// Acquire script calls made since start (`lock`, `try_lock`, `read`, `write`, ...).
+    pub attempts: u64,
+    /// Fair-lock acquisitions that a release granted directly, completed without a script
+    /// call of their own, since start.
+    pub granted: u64,
 }
 
 /// Records this client's layout under the prefix, or checks that it matches the recorded one.
 async fn check_layout(redis: &Client, keyspace: &Keyspace, config: &Config) -> Result<()> {
     let key = keyspace.layout();
     let ours = format!(
-        "v2 shards={} notification={}",
+        "v3 shards={} notification={}",
         keyspace.shards(),
         config.notification.as_str()
     );

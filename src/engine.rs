@@ -31,7 +31,7 @@ use crate::error::{Backoff, Error, NotHeldReason, Result};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
-use crate::notify::WaitKind;
+use crate::notify::{Granted, WaitKind};
 use crate::owner::{op_id, Owner};
 use crate::scripts::Script;
 
@@ -41,10 +41,15 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The answer of one acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// Acquired (or re-entered) with this fencing token.
-    Acquired { token: u64 },
-    /// Someone else holds the lock for at most `ttl` more (None: unknown).
-    Busy { ttl: Option<Duration> },
+    /// Acquired (or re-entered) with this fencing token. `lasts`: the hold expires sooner
+    /// than the requested lease (a fair release granted it, `lua/lib/fair.lua`).
+    Acquired { token: u64, lasts: Option<Duration> },
+    /// Someone else holds the lock for at most `ttl` more (None: unknown). `server_ms`: the
+    /// server clock when the script ran, if it says (to date a later grant).
+    Busy {
+        ttl: Option<Duration>,
+        server_ms: Option<u64>,
+    },
 }
 
 /// The answer of one release.
@@ -105,8 +110,9 @@ pub(crate) trait Driver: Send + Sync + 'static {
         ""
     }
     /// For locks that queue waiters in Redis: the heartbeat script (see
-    /// `lua/fair_heartbeat.lua` for its contract) and this lock's hold, queue and alive keys.
-    fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
+    /// `lua/fair_heartbeat.lua` for its contract) and this lock's hold, queue, alive and bids
+    /// keys.
+    fn wait_queue(&self) -> Option<(&'static Script, [String; 4])> {
         None
     }
     /// Leaves the Redis-side wait queue after a timeout or cancellation. Default: nothing.
@@ -163,28 +169,24 @@ async fn acquire_loop(
     let mut op = op_id();
     // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
     let mut woken = false;
+    // When the last busy attempt was sent, and the server clock it reported: dates a grant.
+    let mut clock: Option<(Instant, u64)> = None;
 
     loop {
         let sent_at = Instant::now();
         let attempt = attempt(&driver, &owner, &waiter, &op, lease.initial(), waiting).await;
         let limit = match attempt {
-            Ok(Attempt::Acquired { token }) => {
-                queued.disarm();
-                if driver.client().config().replica_acks > 0 {
-                    // Boxed: the `WAIT` call's future is large and this path is opt-in; kept
-                    // inline it would make every pending `lock()` future several KiB.
-                    Box::pin(confirm_replicated(&driver, &owner, token)).await?;
-                }
-                let client = driver.client().clone();
-                let hold = client
-                    .holds()
-                    .adopt(driver.clone(), &owner, token, lease, sent_at);
-                tracing::debug!(token, "acquired");
-                return Ok(Some(LockGuard::new(hold, client)));
+            Ok(Attempt::Acquired { token, lasts }) => {
+                let lasts = lasts.unwrap_or(lease.initial());
+                let guard = take_up(&driver, &owner, token, lease, sent_at, lasts, &mut queued);
+                return guard.await.map(Some);
             }
-            Ok(Attempt::Busy { ttl }) => {
+            Ok(Attempt::Busy { ttl, server_ms }) => {
                 retry.reset();
                 op = op_id();
+                if let Some(server_ms) = server_ms {
+                    clock = Some((sent_at, server_ms));
+                }
                 if waiting {
                     queued.joined();
                 }
@@ -234,9 +236,57 @@ async fn acquire_loop(
         driver.client().check_open()?;
         tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
         woken = registration.wait(limit).await;
+        if let Some((at, lasts)) = registration.granted().and_then(|g| grant_times(clock, g)) {
+            let token = registration.granted().map_or(0, |granted| granted.token);
+            tracing::trace!(token, "granted by the release");
+            let core = driver.client().core();
+            core.granted.fetch_add(1, Ordering::Relaxed);
+            let guard = take_up(&driver, &owner, token, lease, at, lasts, &mut queued);
+            return guard.await.map(Some);
+        }
         tracing::trace!(woken, "re-checking");
         driver.client().check_open()?;
     }
+}
+
+/// Turns an acquired hold into a guard: the hold is registered with the watchdog from
+/// `acquired_at` (an instant known to precede the acquisition), lasting `lasts`.
+async fn take_up(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    token: u64,
+    lease: Lease,
+    acquired_at: Instant,
+    lasts: Duration,
+    queued: &mut QueuedInRedis,
+) -> Result<LockGuard> {
+    queued.disarm();
+    if driver.client().config().replica_acks > 0 {
+        // Boxed: the `WAIT` call's future is large and this path is opt-in; kept inline it
+        // would make every pending `lock()` future several KiB.
+        Box::pin(confirm_replicated(driver, owner, token)).await?;
+    }
+    let client = driver.client().clone();
+    let hold = client
+        .holds()
+        .adopt(driver.clone(), owner, token, lease, acquired_at, lasts);
+    tracing::debug!(token, "acquired");
+    Ok(LockGuard::new(hold, client))
+}
+
+/// When a granted hold began in local time, and how long it lasts from then, from the server
+/// times of the grant and of this waiter's last busy attempt (`clock`: when it was sent, and
+/// the server time it reported). The server read its clock after the attempt was sent, so the
+/// grant began at least `at_ms - server_ms` after `sent`. None (ask Redis instead) without a
+/// clock, or when less than half of the granted time is left: a late event or a paused
+/// process.
+fn grant_times(clock: Option<(Instant, u64)>, granted: Granted) -> Option<(Instant, Duration)> {
+    let (sent, server_ms) = clock?;
+    let now = Instant::now();
+    let at = (sent + Duration::from_millis(granted.at_ms.saturating_sub(server_ms))).min(now);
+    let lasts = Duration::from_millis(granted.lasts_ms);
+    let left = (at + lasts).saturating_duration_since(now);
+    (left >= lasts / 2 && !lasts.is_zero()).then_some((at, lasts))
 }
 
 /// One acquire attempt: waits for an in-flight slot, then runs the driver's script in a way
@@ -256,6 +306,8 @@ async fn attempt(
         .acquire_owned()
         .await
         .map_err(|_| Error::Shutdown)?;
+    let core = driver.client().core();
+    core.attempts.fetch_add(1, Ordering::Relaxed);
     start_attempt(
         slot,
         driver.clone(),
@@ -417,7 +469,7 @@ fn start_attempt(
     Finish::new(work, orphans, move |attempt| {
         Box::pin(async move {
             match attempt {
-                Ok(Attempt::Acquired { token }) => {
+                Ok(Attempt::Acquired { token, .. }) => {
                     let outcome = driver.release(&owner, token, &op_id(), false).await;
                     tracing::debug!(
                         lock = driver.keys().name(),

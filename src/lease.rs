@@ -171,7 +171,11 @@ impl Hold {
         timing.deadline = timing.deadline.max(sent_at + lease);
         timing.last_error = None;
         if timing.renew_at.is_some() {
-            timing.renew_at = Some(sent_at + lease / 3);
+            // A fixed lease is renewed only once, to top up a short grant.
+            timing.renew_at = match self.lease {
+                Lease::Fixed(_) => None,
+                Lease::Watchdog { .. } => Some(sent_at + lease / 3),
+            };
         }
     }
 
@@ -181,11 +185,14 @@ impl Hold {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The lease to request at the next renewal, or None when renewal is over (fixed lease,
-    /// cap reached).
+    /// The lease to request at the next renewal, or None when renewal is over (cap reached).
+    /// A fixed lease is only renewed to top up a short grant: to its end as first requested.
     fn next_renewal_lease(&self, now: Instant) -> Option<Duration> {
         match self.lease {
-            Lease::Fixed(_) => None,
+            Lease::Fixed(lease) => {
+                let left = (self.acquired_at + lease).saturating_duration_since(now);
+                (left >= crate::config::MIN_LEASE).then_some(left)
+            }
             Lease::Watchdog { lease, max_hold } => match max_hold {
                 None => Some(lease),
                 Some(cap) => {
@@ -221,6 +228,10 @@ impl Default for HoldRegistry {
 impl HoldRegistry {
     /// Records a successful acquisition: joins the owner's existing hold with the same token
     /// (re-entry) or starts a new one. Returns the hold the new guard belongs to.
+    ///
+    /// `sent_at` is the latest instant known to precede the acquisition in Redis, and the hold
+    /// lasts `lasts` from then: the lease requested, or less for a hold a fair release granted
+    /// (see `lua/lib/fair.lua`), which is renewed to the full lease a third of `lasts` later.
     pub(crate) fn adopt(
         &self,
         driver: Arc<dyn Driver>,
@@ -228,6 +239,7 @@ impl HoldRegistry {
         token: u64,
         lease: Lease,
         sent_at: Instant,
+        lasts: Duration,
     ) -> Arc<Hold> {
         let key = format!(
             "{}|{}|{}",
@@ -236,8 +248,15 @@ impl HoldRegistry {
             driver.keys().id()
         );
         let initial = lease.initial();
+        let lasts = lasts.min(initial);
         let fresh = |driver: Arc<dyn Driver>| {
-            let renews = matches!(lease, Lease::Watchdog { .. });
+            let renew_at = if lasts < initial {
+                // A short grant is topped up to the full lease on the watchdog's usual rhythm
+                // (a third into what it has): a hold released before then costs no renewal.
+                Some(sent_at + lasts / 3)
+            } else {
+                matches!(lease, Lease::Watchdog { .. }).then(|| sent_at + initial / 3)
+            };
             Arc::new(Hold {
                 driver,
                 owner: owner.clone(),
@@ -246,8 +265,8 @@ impl HoldRegistry {
                 key: key.clone(),
                 acquired_at: sent_at,
                 timing: StdMutex::new(Timing {
-                    deadline: sent_at + initial,
-                    renew_at: renews.then(|| sent_at + initial / 3),
+                    deadline: sent_at + lasts,
+                    renew_at,
                     last_error: None,
                 }),
                 guards: AtomicUsize::new(1),
@@ -259,7 +278,7 @@ impl HoldRegistry {
                 let existing = entry.get();
                 if existing.token == token && existing.lost_cause().is_none() {
                     existing.guards.fetch_add(1, Ordering::AcqRel);
-                    existing.renewed(sent_at, initial.min(existing.lease.initial()));
+                    existing.renewed(sent_at, lasts.min(existing.lease.initial()));
                     existing.clone()
                 } else {
                     let hold = fresh(driver);

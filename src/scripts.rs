@@ -68,6 +68,7 @@ const NOTIFY: &str = include_str!("../lua/lib/notify.lua");
 const HOLD: &str = include_str!("../lua/lib/hold.lua");
 const QUEUE: &str = include_str!("../lua/lib/queue.lua");
 const RW: &str = include_str!("../lua/lib/rw.lua");
+const FAIR: &str = include_str!("../lua/lib/fair.lua");
 
 macro_rules! scripts {
     ($($field:ident: [$($lib:ident),*]),* $(,)?) => {
@@ -94,6 +95,7 @@ macro_rules! scripts {
             ("hold", HOLD),
             ("queue", QUEUE),
             ("rw", RW),
+            ("fair", FAIR),
         ];
 
         impl Scripts {
@@ -109,11 +111,11 @@ scripts! {
     mutex_acquire: [HOLD],
     mutex_release: [HOLD, NOTIFY],
     mutex_force_unlock: [HOLD, NOTIFY],
-    fair_acquire: [HOLD, QUEUE, NOTIFY],
-    fair_release: [HOLD, QUEUE, NOTIFY],
+    fair_acquire: [HOLD, QUEUE, NOTIFY, FAIR],
+    fair_release: [HOLD, QUEUE, NOTIFY, FAIR],
     fair_leave: [QUEUE, NOTIFY, RW],
     fair_heartbeat: [QUEUE, NOTIFY, RW],
-    fair_force_unlock: [QUEUE, NOTIFY],
+    fair_force_unlock: [HOLD, QUEUE, NOTIFY, FAIR],
     rw_acquire: [QUEUE, NOTIFY, RW],
     rw_release: [QUEUE, NOTIFY, RW],
     rw_renew: [QUEUE, NOTIFY, RW],
@@ -149,7 +151,7 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library = ["check", "notify", "hold", "queue", "rw"].contains(file);
+            let library = ["check", "notify", "hold", "queue", "rw", "fair"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");

@@ -280,10 +280,12 @@ fn twelve_waiters_in_three_processes_acquire_in_arrival_order() {
 
 fn assert_no_queue_left(server: &RedisServer, prefix: &str, name: &str) {
     let deadline = std::time::Instant::now() + HANG;
+    let bids = format!("{{{prefix}:0}}:fair.bids:{name}");
     loop {
         let queue = server.cmd(&["EXISTS", &queue_key(prefix, name)]).as_int();
         let alive = server.cmd(&["EXISTS", &alive_key(prefix, name)]).as_int();
-        if queue == 0 && alive == 0 {
+        let bids = server.cmd(&["EXISTS", &bids]).as_int();
+        if queue == 0 && alive == 0 && bids == 0 {
             return;
         }
         assert!(
@@ -326,8 +328,9 @@ fn a_killed_waiter_at_the_head_is_evicted_and_the_next_one_proceeds() {
         let next = spawn();
         wait_queue_len(&server, &prefix, "dead-head", 2);
         doomed.kill();
-        // The release names the dead head; its waiter lease runs out and the survivor's
-        // heartbeat evicts it and hands the turn on. The holder's 120 s lease plays no part.
+        // The release grants the lock to the dead head, but only for what is left of its waiter
+        // lease; when that runs out, the survivor's heartbeat finds the lock free and names
+        // the survivor, the new head. The holder's 120 s lease plays no part.
         runtime.block_on(holder.unlock()).unwrap();
         let acquired = next.expect_result(HANG);
         assert!(acquired.starts_with("ACQUIRED"), "{acquired}");
@@ -374,8 +377,8 @@ async fn a_head_that_gives_up_passes_the_turn_without_waiting_for_a_lease() {
             .unwrap()
             .unwrap();
 
-        // 2. The lock is free and reserved for the head, which is dropped before it could take
-        //    it: leaving hands the turn to the next waiter at once.
+        // 2. The release grants the lock to the head, which is dropped before it took the grant
+        //    up: leaving frees the grant and hands the turn to the next waiter at once.
         let holder = mutex.lock().await.unwrap();
         let mut head = Box::pin(mutex.lock());
         while locks.stats().queued_in_redis < 1 {
@@ -390,7 +393,7 @@ async fn a_head_that_gives_up_passes_the_turn_without_waiting_for_a_lease() {
             tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
         };
         wait_queue_len_async(&server, &prefix, "turn", 2).await;
-        holder.unlock().await.unwrap(); // names the head, which is never polled again
+        holder.unlock().await.unwrap(); // grants to the head, which is never polled again
         drop(head);
         let token = tokio::time::timeout(HANG, second)
             .await
@@ -500,4 +503,223 @@ fn queue_order_breaks(log: &[Vec<String>]) -> usize {
             !after.starts_with(survivors)
         })
         .count()
+}
+
+/// The hand-off protocol at the Lua level (`lua/lib/fair.lua`), step by step: a release grants
+/// the lock to the live head (its owner, its waiter id as op id, a lease no longer than what is
+/// left of its waiter lease, the next fencing token) and emits one `grant` event; a head whose
+/// event was lost is answered "acquired" by its next attempt without a second hold level; a
+/// head that gives up frees the grant it never took up; re-sent releases stay answered.
+#[test]
+fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
+    init_tracing();
+    let server = RedisServer::start();
+    let (hold_lib, queue_lib) = (
+        include_str!("../lua/lib/hold.lua"),
+        include_str!("../lua/lib/queue.lua"),
+    );
+    let (notify_lib, fair_lib, rw_lib) = (
+        include_str!("../lua/lib/notify.lua"),
+        include_str!("../lua/lib/fair.lua"),
+        include_str!("../lua/lib/rw.lua"),
+    );
+    let granting = [hold_lib, queue_lib, notify_lib, fair_lib];
+    let acquire = support::composed(&granting, include_str!("../lua/fair_acquire.lua"));
+    let release = support::composed(&granting, include_str!("../lua/fair_release.lua"));
+    let leave = support::composed(
+        &[queue_lib, notify_lib, rw_lib],
+        include_str!("../lua/fair_leave.lua"),
+    );
+    let (hold, fence, queue, alive, bids) = (
+        "{t:0}:fair:x",
+        "{t:0}:fair.fence:x",
+        "{t:0}:fair.queue:x",
+        "{t:0}:fair.alive:x",
+        "{t:0}:fair.bids:x",
+    );
+    let (events, seq) = ("{t:0}:events", "{t:0}:events:seq");
+    let ints = |reply: Resp| {
+        reply
+            .as_array()
+            .iter()
+            .map(Resp::as_int)
+            .collect::<Vec<_>>()
+    };
+    let try_take = |owner: &str, op: &str, waiter: &str, waiter_lease: &str| {
+        ints(server.cmd(&[
+            "EVAL",
+            &acquire,
+            "7",
+            hold,
+            fence,
+            queue,
+            alive,
+            events,
+            seq,
+            bids,
+            owner,
+            "30000",
+            op,
+            waiter,
+            waiter_lease,
+            "stream",
+            "1000",
+            "fair:x",
+        ]))
+    };
+    let give_back = |owner: &str, token: &str, op: &str| {
+        ints(server.cmd(&[
+            "EVAL", &release, "7", hold, queue, alive, events, seq, bids, fence, owner, token, op,
+            "0", "5000", "stream", "1000", "fair:x",
+        ]))
+    };
+    let leave_queue = |waiter: &str| {
+        ints(server.cmd(&[
+            "EVAL", &leave, "6", hold, queue, alive, events, seq, bids, waiter, "stream", "1000",
+            "fair:x",
+        ]))
+    };
+    let field = |name: &str| server.cmd(&["HGET", hold, name]).as_str();
+    let last_event = || {
+        let entries = server
+            .cmd(&["XREVRANGE", events, "+", "-", "COUNT", "1"])
+            .as_array();
+        let fields = entries[0].as_array()[1].as_array();
+        let get = |key: &str| {
+            let at = fields
+                .iter()
+                .position(|f| f.as_str().as_deref() == Some(key));
+            at.and_then(|i| fields[i + 1].as_str()).unwrap_or_default()
+        };
+        (get("r"), get("t"))
+    };
+
+    assert_eq!(try_take("a", "a-take", "wa", "3000"), vec![1, 1, 1]);
+    let busy = try_take("b", "b-try", "wb", "3000");
+    assert_eq!((busy.len(), busy[0]), (3, 0), "b queues: {busy:?}");
+    assert_eq!(
+        server.cmd(&["HGET", bids, "wb"]).as_str().as_deref(),
+        Some("30000|b")
+    );
+
+    // a's release grants the lock to b, the head: b's owner, b's waiter id, token 2, and no
+    // longer than b's waiter lease. The queue is empty and one `grant` event names b.
+    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
+    assert_eq!(field("o").as_deref(), Some("b"));
+    assert_eq!(field("r").as_deref(), Some("wb"));
+    assert_eq!(field("f").as_deref(), Some("2"));
+    assert_eq!(field("c").as_deref(), Some("1"));
+    let lasts = server.cmd(&["PTTL", hold]).as_int();
+    assert!(lasts > 0 && lasts <= 3000, "granted for {lasts} ms");
+    assert_eq!(server.cmd(&["LLEN", queue]).as_int(), 0);
+    assert_eq!(server.cmd(&["EXISTS", alive, bids]).as_int(), 0);
+    let (rule, target) = last_event();
+    assert_eq!(rule, "grant");
+    let parts: Vec<&str> = target.split(',').collect();
+    assert_eq!(
+        (parts.len(), parts[0], parts[1]),
+        (4, "wb", "2"),
+        "{target}"
+    );
+
+    // b never saw the event: its next attempt (another op) is answered with the grant, and
+    // the hold count stays 1.
+    let answered = try_take("b", "b-recheck", "wb", "3000");
+    assert_eq!(answered[..3], [1, 2, 1], "{answered:?}");
+    assert!(answered[3] > 0 && answered[3] <= 3000, "{answered:?}");
+    assert_eq!(field("c").as_deref(), Some("1"));
+    // a's release, re-sent after the grant, is still answered "released"; b is unharmed.
+    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
+    assert_eq!(field("o").as_deref(), Some("b"));
+
+    // c queues; b's release grants to c; c gives up before taking it up: the hold is freed,
+    // the tombstone of b's release stays, and b's re-sent release is still answered.
+    let busy = try_take("c", "c-try", "wc", "3000");
+    assert_eq!(busy[0], 0);
+    assert_eq!(give_back("b", "2", "b-release"), vec![1, 0]);
+    assert_eq!(
+        (field("o").as_deref(), field("f").as_deref()),
+        (Some("c"), Some("3"))
+    );
+    assert_eq!(leave_queue("wc"), vec![1]);
+    assert_eq!(field("o"), None, "the unused grant is freed");
+    assert_eq!(field("r").as_deref(), Some("b-release"));
+    assert_eq!(give_back("b", "2", "b-release"), vec![1, 0]);
+
+    // A head whose waiter lease is short gets the lock for no longer than that lease.
+    assert_eq!(try_take("d", "d-take", "wd", "3000")[0], 1);
+    assert_eq!(try_take("e", "e-try", "we", "200")[0], 0);
+    assert_eq!(give_back("d", "4", "d-release"), vec![1, 0]);
+    assert_eq!(field("o").as_deref(), Some("e"));
+    let lasts = server.cmd(&["PTTL", hold]).as_int();
+    assert!(lasts > 0 && lasts <= 200, "granted for {lasts} ms");
+    assert_eq!(server.cmd(&["EXISTS", queue, alive, bids]).as_int(), 0);
+}
+
+/// In a real client, a queued waiter's `lock()` returns on the grant event alone: its client
+/// runs no script for it after joining the queue. The granted hold (shorter than the lease, at
+/// most the waiter lease) is then topped up to the full lease: for a watchdog lease and for a
+/// fixed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        for lease in [
+            Lease::watchdog(Duration::from_secs(60)),
+            Lease::fixed(Duration::from_secs(60)),
+        ] {
+            let prefix = format!("grant-{}", mode_name(mode));
+            let cfg = |lease_ms| {
+                config(
+                    &server.url(),
+                    mode,
+                    &prefix,
+                    Duration::from_millis(lease_ms),
+                )
+            };
+            let holder_client = LockClient::connect(cfg(3000)).await.unwrap();
+            let waiter_client = LockClient::connect(cfg(3000)).await.unwrap();
+            let holding = holder_client.fair_mutex("granted").unwrap();
+            let waiting = waiter_client
+                .fair_mutex("granted")
+                .unwrap()
+                .with_lease(lease)
+                .unwrap();
+            let holder = holding.lock().await.unwrap();
+            let waiter = tokio::spawn(async move { waiting.lock().await });
+            wait_queue_len_async(&server, &prefix, "granted", 1).await;
+            let attempts = waiter_client.stats().attempts;
+            assert_eq!(attempts, 1, "one attempt that joined the queue");
+            let token = holder.fencing_token();
+            holder.unlock().await.unwrap();
+            let guard = tokio::time::timeout(HANG, waiter)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert_eq!(guard.fencing_token(), token + 1);
+            let stats = waiter_client.stats();
+            assert_eq!(
+                (stats.attempts, stats.granted),
+                (1, 1),
+                "{mode:?} {lease:?}"
+            );
+            // Topped up from at most the waiter lease (3 s) to the 60 s lease.
+            let hold_key = format!("{{{prefix}:0}}:fair:granted");
+            eventually_async("the granted hold is topped up to the full lease", || {
+                server.cmd(&["PTTL", &hold_key]).as_int() > 10_000
+            })
+            .await;
+            eventually_async("the guard's deadline follows the top-up", || {
+                guard.lease_deadline() > tokio::time::Instant::now() + Duration::from_secs(10)
+            })
+            .await;
+            assert_eq!(guard.lost_cause(), None);
+            guard.unlock().await.unwrap();
+            assert_no_queue_left(&server, &prefix, "granted");
+            holder_client.shutdown().await.unwrap();
+            waiter_client.shutdown().await.unwrap();
+        }
+    }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fredlock::{
     Config, Error, Lease, LockClient, LostCause, NotHeldReason, NotificationMode, Owner,
 };
-use support::{init_tracing, RedisServer};
+use support::{composed, init_tracing, RedisServer};
 
 /// Bound that only turns a hang into a failure; never a performance claim.
 const HANG: Duration = Duration::from_secs(30);
@@ -698,18 +698,6 @@ async fn every_local_waiter_is_woken_in_turn() {
         }
         locks.shutdown().await.unwrap();
     }
-}
-
-/// A script as `src/scripts.rs` composes it: the type-check prelude, the libraries, the script.
-fn composed(libraries: &[&str], script: &str) -> String {
-    let mut body = String::from(include_str!("../lua/lib/check.lua"));
-    body.push('\n');
-    for library in libraries {
-        body.push_str(library);
-        body.push('\n');
-    }
-    body.push_str(script);
-    body
 }
 
 /// fred re-sends the commands of a broken connection, so a release that freed the lock can

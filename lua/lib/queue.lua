@@ -1,25 +1,32 @@
 -- queue.lua: library prelude for locks that queue their waiters in Redis (fair lock),
 -- prepended by src/scripts.rs. Not a script of its own.
 --
--- A queue is two keys: a LIST of waiter ids in enqueue order (the acquisition order) and a ZSET
--- `alive` mapping each waiter id to the server time (ms) when its waiter lease ends. Waiters'
--- clients push the lease forward with batched heartbeats; a waiter whose lease has passed is
--- dead and is evicted when it reaches the head. Every operation here is O(1) or O(log n) except
--- fl_leave (LREM, only on timeout or cancellation). The fair lock never walks the queue; the
--- read-write lock's reader check (rw_acquire.lua) scans it up to the reader's own place.
+-- A queue is a LIST of waiter ids in enqueue order (the acquisition order), a ZSET `alive`
+-- mapping each waiter id to the server time (ms) when its waiter lease ends, and (fair lock
+-- only) a HASH `bids` mapping each waiter id to what it asks for, "<lease ms>|<owner id>", so
+-- that a release can hand the lock to the head directly (lib/fair.lua). Waiters' clients push
+-- the lease forward with batched heartbeats; a waiter whose lease has passed is dead and is
+-- evicted when it reaches the head. The read-write lock never records bids (its scripts pass
+-- nil; the shared scripts pass its never-written `bids` key). Every operation here is O(1) or
+-- O(log n) except fl_leave (LREM, only on timeout or cancellation). The fair lock never walks
+-- the queue; the read-write lock's reader check (rw_acquire.lua) scans it up to the reader's
+-- own place.
 --
 -- fl_now()                                   -> the server clock in ms (TIME)
--- fl_head(queue, alive, now)                 -> id of the first live waiter or false, and how
+-- fl_head(queue, alive, now, bids)           -> id of the first live waiter or false, and how
 --                                               many dead waiters were evicted before it
--- fl_enqueue(queue, alive, id, now, lease)   -> appends id unless queued, refreshes its lease
--- fl_dequeue(queue, alive, id)               -> removes the head id (it got the lock)
--- fl_leave(queue, alive, id)                 -> removes id wherever it is; true if it was head
+-- fl_keep(queue, alive, lease, bids)         -> keeps the queue keys for two waiter leases
+-- fl_enqueue(queue, alive, id, now, lease, bids, bid)
+--                                            -> appends id unless queued, refreshes its lease,
+--                                               records its bid (when bids and bid are given)
+-- fl_dequeue(queue, alive, id, bids)         -> removes the head id (it got the lock)
+-- fl_leave(queue, alive, id, bids)           -> removes id wherever it is; true if it was head
 local function fl_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function fl_head(queue, alive, now)
+local function fl_head(queue, alive, now, bids)
   local evicted = 0
   while true do
     local head = redis.call('LINDEX', queue, 0)
@@ -32,34 +39,49 @@ local function fl_head(queue, alive, now)
     end
     redis.call('LPOP', queue)
     redis.call('ZREM', alive, head)
+    if bids then
+      redis.call('HDEL', bids, head)
+    end
     evicted = evicted + 1
   end
 end
 
-local function fl_keep(queue, alive, lease)
+local function fl_keep(queue, alive, lease, bids)
   local keep = lease * 2
   if redis.call('PTTL', queue) < keep then
     redis.call('PEXPIRE', queue, keep)
     redis.call('PEXPIRE', alive, keep)
+    if bids then
+      redis.call('PEXPIRE', bids, keep)
+    end
   end
 end
 
-local function fl_enqueue(queue, alive, id, now, lease)
+local function fl_enqueue(queue, alive, id, now, lease, bids, bid)
   if not redis.call('ZSCORE', alive, id) then
     redis.call('RPUSH', queue, id)
+    if bids and bid then
+      redis.call('HSET', bids, id, bid)
+    end
   end
   redis.call('ZADD', alive, now + lease, id)
-  fl_keep(queue, alive, lease)
+  fl_keep(queue, alive, lease, bids)
 end
 
-local function fl_dequeue(queue, alive, id)
+local function fl_dequeue(queue, alive, id, bids)
   redis.call('LPOP', queue)
   redis.call('ZREM', alive, id)
+  if bids then
+    redis.call('HDEL', bids, id)
+  end
 end
 
-local function fl_leave(queue, alive, id)
+local function fl_leave(queue, alive, id, bids)
   local was_head = redis.call('LINDEX', queue, 0) == id
   redis.call('LREM', queue, 1, id)
   redis.call('ZREM', alive, id)
+  if bids then
+    redis.call('HDEL', bids, id)
+  end
   return was_head
 end

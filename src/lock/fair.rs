@@ -35,6 +35,14 @@ impl FairDriver {
             client,
         }
     }
+
+    /// The keys of the scripts that free the lock and grant it to the head: hold, queue,
+    /// alive, events, seq, bids, fence.
+    fn granting(&self) -> Vec<String> {
+        let mut keys = self.queue.handoff(&self.keys);
+        keys.push(self.fence.clone());
+        keys
+    }
 }
 
 impl Driver for FairDriver {
@@ -74,7 +82,7 @@ impl Driver for FairDriver {
             ];
             args.extend(core.event_args(&self.keys));
             let mut keys = self.queue.handoff(&self.keys);
-            keys.insert(1, self.fence.clone()); // hold, fence, queue, alive, events, seq
+            keys.insert(1, self.fence.clone()); // hold, fence, queue, alive, events, seq, bids
             let script: &Script = &SCRIPTS.fair_acquire;
             let reply = run_ints(&self.client, script, self.keys.name(), keys, args).await?;
             acquire_reply(&self.client, script, &reply)
@@ -88,7 +96,7 @@ impl Driver for FairDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        let keys = self.queue.handoff(&self.keys);
+        let keys = self.granting();
         Box::pin(release_with(
             &self.client,
             &self.keys,
@@ -103,7 +111,7 @@ impl Driver for FairDriver {
     }
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
-        let keys = self.queue.handoff(&self.keys);
+        let keys = self.granting();
         Box::pin(force_unlock_with(
             &self.client,
             &self.keys,
@@ -112,7 +120,7 @@ impl Driver for FairDriver {
         ))
     }
 
-    fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
+    fn wait_queue(&self) -> Option<(&'static Script, [String; 4])> {
         self.queue.heartbeat()
     }
 

@@ -112,18 +112,29 @@ fn unexpected(script: &Script, reply: &[i64]) -> Error {
     }
 }
 
-/// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script).
+/// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script), and the fair lock's
+/// `{1, token, count, remaining ms}` (a granted hold) and `{0, ttl, server ms}`.
 pub(crate) fn acquire_reply(
     client: &LockClient,
     script: &Script,
     reply: &[i64],
 ) -> Result<Attempt> {
     match *reply {
-        [1, token, ..] => Ok(Attempt::Acquired {
+        [1, token, _count] => Ok(Attempt::Acquired {
             token: token.max(0) as u64,
+            lasts: None,
         }),
-        [0, ttl, ..] => Ok(Attempt::Busy {
+        [1, token, _count, remaining] => Ok(Attempt::Acquired {
+            token: token.max(0) as u64,
+            lasts: Some(clamp_ttl(remaining, Duration::from_millis(1))),
+        }),
+        [0, ttl] => Ok(Attempt::Busy {
             ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
+            server_ms: None,
+        }),
+        [0, ttl, server_ms] => Ok(Attempt::Busy {
+            ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
+            server_ms: Some(server_ms.max(0) as u64),
         }),
         _ => Err(unexpected(script, reply)),
     }
@@ -195,6 +206,8 @@ pub(crate) struct QueueKeys {
     pub(crate) hold: String,
     pub(crate) queue: String,
     pub(crate) alive: String,
+    /// The fair lock's bids (`lua/lib/fair.lua`); never written for a read-write lock.
+    pub(crate) bids: String,
 }
 
 impl QueueKeys {
@@ -203,18 +216,25 @@ impl QueueKeys {
             hold: keys.key(""),
             queue: keys.key("queue"),
             alive: keys.key("alive"),
+            bids: keys.key("bids"),
         }
     }
 
     /// The heartbeat script and its per-lock keys (see [`Driver::wait_queue`]).
-    pub(crate) fn heartbeat(&self) -> Option<(&'static Script, [String; 3])> {
+    pub(crate) fn heartbeat(&self) -> Option<(&'static Script, [String; 4])> {
         Some((
             &SCRIPTS.fair_heartbeat,
-            [self.hold.clone(), self.queue.clone(), self.alive.clone()],
+            [
+                self.hold.clone(),
+                self.queue.clone(),
+                self.alive.clone(),
+                self.bids.clone(),
+            ],
         ))
     }
 
-    /// hold, queue, alive, events, seq: the keys of every script that may hand the turn on.
+    /// hold, queue, alive, events, seq, bids: the keys of every script that may hand the turn
+    /// on.
     pub(crate) fn handoff(&self, keys: &LockKeys) -> Vec<String> {
         vec![
             self.hold.clone(),
@@ -222,6 +242,7 @@ impl QueueKeys {
             self.alive.clone(),
             keys.events().to_owned(),
             keys.seq().to_owned(),
+            self.bids.clone(),
         ]
     }
 

@@ -271,11 +271,11 @@ async fn round(
             continue;
         };
         match answer {
-            Ok(Ok(Attempt::Acquired { token })) => {
+            Ok(Ok(Attempt::Acquired { token, .. })) => {
                 reachable += 1;
                 granted.push((driver, token));
             }
-            Ok(Ok(Attempt::Busy { ttl: busy })) => {
+            Ok(Ok(Attempt::Busy { ttl: busy, .. })) => {
                 reachable += 1;
                 ttl = ttl.min(busy.unwrap_or(lease));
             }

@@ -357,7 +357,7 @@ impl Driver for RwDriver {
         ]
     }
 
-    fn wait_queue(&self) -> Option<(&'static Script, [String; 3])> {
+    fn wait_queue(&self) -> Option<(&'static Script, [String; 4])> {
         self.queue.heartbeat()
     }
 

@@ -40,7 +40,7 @@ pub(crate) mod stream;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -62,11 +62,25 @@ pub(crate) const ID_SEPARATOR: char = ',';
 /// The target of a `chain` event that wakes every local reader of the lock.
 pub(crate) const EVERY_READER: &str = "*";
 
+/// A hold that a release granted to a queued waiter (fair lock, `lua/lib/fair.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Granted {
+    /// The fencing token of the granted hold.
+    pub(crate) token: u64,
+    /// Server time (ms) of the grant.
+    pub(crate) at_ms: u64,
+    /// How long the granted hold lasts from then, in ms, until its new owner renews it.
+    pub(crate) lasts_ms: u64,
+}
+
 /// How an event wakes the local waiters of its lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WakeRule {
     One,
     Named(String),
+    /// Fair lock: the lock was granted to this waiter (wire name `grant`, target
+    /// `id,token,at_ms,lasts_ms`); only it wakes, and it need not run a script.
+    Grant(String, Granted),
     /// Read-write lock: the readers Redis admits now (wire name `chain`).
     Chain(Admitted),
     All,
@@ -110,7 +124,27 @@ impl WakeRule {
             "one" => WakeRule::One,
             "name" => WakeRule::Named(target.to_owned()),
             "chain" => WakeRule::Chain(Admitted::parse(target)),
+            "grant" => Self::parse_grant(target),
             _ => WakeRule::All,
+        }
+    }
+
+    /// A `grant` target whose numbers do not parse still names its waiter: woken, it asks
+    /// Redis, which answers that the lock is its own (`lua/fair_acquire.lua`).
+    fn parse_grant(target: &str) -> WakeRule {
+        let mut parts = target.split(ID_SEPARATOR);
+        let id = parts.next().unwrap_or_default().to_owned();
+        let mut number = || parts.next().and_then(|part| part.parse::<u64>().ok());
+        match (number(), number(), number()) {
+            (Some(token), Some(at_ms), Some(lasts_ms)) => WakeRule::Grant(
+                id,
+                Granted {
+                    token,
+                    at_ms,
+                    lasts_ms,
+                },
+            ),
+            _ => WakeRule::Named(id),
         }
     }
 }
@@ -185,6 +219,8 @@ pub(crate) struct Waiter {
     /// [`IDLE`], [`WOKEN_WITH_OTHERS`] or [`WOKEN`]; only ever raised by a wakeup.
     woken: AtomicU8,
     notify: Notify,
+    /// A hold a release granted to this waiter (fair lock).
+    granted: OnceLock<Granted>,
 }
 
 impl Waiter {
@@ -225,6 +261,7 @@ impl WaiterTable {
             name,
             woken: AtomicU8::new(IDLE),
             notify: Notify::new(),
+            granted: OnceLock::new(),
         });
         self.queues
             .entry(lock_id.clone())
@@ -252,6 +289,14 @@ impl WaiterTable {
                 .iter()
                 .filter(|w| w.name.as_deref() == Some(target.as_str()))
                 .map(|w| w.wake(WOKEN))
+                .count(),
+            WakeRule::Grant(target, granted) => queue
+                .iter()
+                .filter(|w| w.name.as_deref() == Some(target.as_str()))
+                .map(|w| {
+                    let _ = w.granted.set(*granted);
+                    w.wake(WOKEN)
+                })
                 .count(),
             WakeRule::Chain(Admitted::Listed(ids)) => {
                 let ids: HashSet<&str> = ids.iter().map(String::as_str).collect();
@@ -339,6 +384,11 @@ impl Registration {
         }
         let woke = tokio::time::timeout(limit, notified).await.is_ok();
         self.waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE || woke
+    }
+
+    /// The hold a release granted to this waiter, if one did (fair lock).
+    pub(crate) fn granted(&self) -> Option<Granted> {
+        self.waiter.granted.get().copied()
     }
 
     /// The attempt that answered this waiter's last wakeup failed and the waiter is about to

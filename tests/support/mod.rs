@@ -1019,3 +1019,16 @@ pub fn init_tracing() {
         .with_test_writer()
         .try_init();
 }
+
+/// A script as `src/scripts.rs` composes it: the type-check prelude, the libraries, the
+/// script. For tests that drive the Lua protocol directly with `EVAL`.
+pub fn composed(libraries: &[&str], script: &str) -> String {
+    let mut body = String::from(include_str!("../../lua/lib/check.lua"));
+    body.push('\n');
+    for library in libraries {
+        body.push_str(library);
+        body.push('\n');
+    }
+    body.push_str(script);
+    body
+}

@@ -1,0 +1,49 @@
+-- fair.lua: library prelude for the fair lock, prepended by src/scripts.rs after lib/hold.lua,
+-- lib/queue.lua and lib/notify.lua (it uses their functions). Not a script of its own.
+--
+-- Direct hand-off. A release does not just wake the head of the queue and leave the lock free
+-- for it (which costs the head one more round trip: event, then its own acquire script); it
+-- *grants* the lock to the head: the hold is taken in the head's name with the head's op id
+-- (its waiter id, field r), and one `grant` event tells the head's process the token. The head
+-- returns from its wait without another script call.
+--
+-- A granted hold lasts min(the head's requested lease, what is left of its waiter lease): a
+-- head that died just before the grant stalls the queue no longer than its waiter lease would
+-- have. The new owner's client extends it to the full lease a third into the grant (its
+-- watchdog, or a one-time top-up for a fixed lease), unless it released the lock before. If the grant event is lost, the head's next attempt (after
+-- a reconnect, a gap, or the heartbeat finding it unqueued) finds field r = its waiter id and
+-- is answered "acquired" (fair_acquire.lua); if the head gave up meanwhile, fair_leave.lua
+-- frees the hold it never took up.
+--
+-- fl_bid(lease, owner)        -> the bid string a waiter records: "<lease ms>|<owner id>"
+-- fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id)
+--   On a free lock: evicts dead heads, grants the lock to the first live waiter and emits one
+--   `grant` event, target "<waiter id>,<token>,<server ms of the grant>,<ms the hold lasts>".
+--   A head without a bid is only named (rule `name`; it takes the lock with its own script).
+--   Returns nothing.
+local function fl_bid(lease, owner)
+  return lease .. '|' .. owner
+end
+
+local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id)
+  local head = fl_head(queue, alive, now, bids)
+  if not head then
+    return
+  end
+  local bid = redis.call('HGET', bids, head)
+  if not bid then
+    fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
+    return
+  end
+  local sep = string.find(bid, '|', 1, true)
+  local lease = tonumber(string.sub(bid, 1, sep - 1))
+  local owner = string.sub(bid, sep + 1)
+  local lasts = tonumber(redis.call('ZSCORE', alive, head)) - now
+  if lease < lasts then
+    lasts = lease
+  end
+  fl_dequeue(queue, alive, head, bids)
+  local token = fl_take(hold, fence, owner, head, lasts)[2]
+  fl_emit(events, seq, mode, maxlen, lock_id, 'grant',
+    head .. ',' .. token .. ',' .. now .. ',' .. lasts)
+end
