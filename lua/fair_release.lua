@@ -16,15 +16,16 @@
 -- When the lock becomes free, dead waiters at the head are evicted and the lock is granted to
 -- the first live waiter, whose process alone is told (one `grant` event; see lib/fair.lua).
 -- Returns {1, holds left} when released, {0, 0} when not held, {-1, 0} when held by another.
-fl_expect(KEYS[1], 'hash')
 fl_expect(KEYS[2], 'list')
 fl_expect(KEYS[3], 'zset')
 fl_expect(KEYS[6], 'hash')
 fl_expect(KEYS[7], 'string')
 fl_expect_events(KEYS[4], KEYS[5], ARGV[6])
-local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
-if status == 'freed' then
-  fl_grant_head(KEYS[1], KEYS[7], KEYS[2], KEYS[3], KEYS[6], fl_now(),
-    KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8])
+-- The hold key needs no type check of its own: fl_release reads it (HMGET) before any write.
+local function grant(freed_by)
+  return fl_grant_head(KEYS[1], KEYS[7], KEYS[2], KEYS[3], KEYS[6], fl_now(),
+    KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], freed_by)
 end
+local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]),
+  grant)
 return fl_release_reply(status, left)

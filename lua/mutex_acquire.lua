@@ -14,16 +14,20 @@
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {0, remaining ttl of the hold in ms} when another owner holds the lock,
---         a WRONGTYPE error (and no change) when any key holds a foreign value (lib/check.lua).
-fl_expect(KEYS[1], 'hash')
-fl_expect(KEYS[2], 'string')
-fl_expect(KEYS[3], 'string')
+--         a WRONGTYPE error (and no change) when a key it touches holds a foreign value
+--         (lib/check.lua); a foreign value under a key it does not touch is left alone.
+--
+-- Type checks cost server time on the hottest path, so each key is checked where it is first
+-- touched, always before the script's first write: the hold by HGET (a typed read), the fence
+-- by INCR (the take's first write, refused as a whole), the marker by fl_expect before SET.
 local hold, fence, waiters = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 
 local current = redis.call('HGET', hold, 'o')
 if not current then
   if ARGV[5] == '1' then
+    fl_expect(fence, 'string')
+    fl_expect(waiters, 'string')
     redis.call('SET', waiters, '1', 'PX', lease + grace)
   end
   return fl_take(hold, fence, owner, op, lease)
@@ -34,6 +38,7 @@ end
 
 local ttl = redis.call('PTTL', hold)
 if grace > 0 and ttl > 0 then
+  fl_expect(waiters, 'string')
   local want = ttl + grace
   if redis.call('PTTL', waiters) < want then
     redis.call('SET', waiters, '1', 'PX', want)

@@ -16,11 +16,17 @@
 -- Returns {1, holds left} when released (0: the lock is free now),
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it.
-fl_expect(KEYS[1], 'hash')
-fl_expect(KEYS[2], 'string')
-fl_expect_events(KEYS[3], KEYS[4], ARGV[6])
+--
+-- Each key is type-checked before the first write, where it is first needed: the marker by GET
+-- (a typed read), the event keys only when there is an event to emit, the hold by fl_release's
+-- HMGET (a typed read).
+local waiting = redis.call('GET', KEYS[2])
+if waiting then
+  fl_expect_events(KEYS[3], KEYS[4], ARGV[6])
+end
 local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
-if status == 'freed' and redis.call('DEL', KEYS[2]) == 1 then
+if status == 'freed' and waiting then
+  redis.call('DEL', KEYS[2])
   fl_emit(KEYS[3], KEYS[4], ARGV[6], ARGV[7], ARGV[8], 'one', '')
 end
 return fl_release_reply(status, left)

@@ -16,34 +16,38 @@
 -- frees the hold it never took up.
 --
 -- fl_bid(lease, owner)        -> the bid string a waiter records: "<lease ms>|<owner id>"
--- fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id)
+-- fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id,
+--               freed_by)
 --   On a free lock: evicts dead heads, grants the lock to the first live waiter and emits one
 --   `grant` event, target "<waiter id>,<token>,<server ms of the grant>,<ms the hold lasts>".
---   A head without a bid is only named (rule `name`; it takes the lock with its own script).
---   Returns nothing.
+--   freed_by: the op id of the release that freed the lock, kept as x (nil: none). A head
+--   without a bid is only named (rule `name`; it takes the lock with its own script).
+--   Returns true when it granted the lock.
 local function fl_bid(lease, owner)
   return lease .. '|' .. owner
 end
 
-local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id)
-  local head = fl_head(queue, alive, now, bids)
+local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen,
+                             lock_id, freed_by)
+  local head, _, expiry = fl_head(queue, alive, now, bids)
   if not head then
-    return
+    return false
   end
   local bid = redis.call('HGET', bids, head)
   if not bid then
     fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
-    return
+    return false
   end
   local sep = string.find(bid, '|', 1, true)
   local lease = tonumber(string.sub(bid, 1, sep - 1))
   local owner = string.sub(bid, sep + 1)
-  local lasts = tonumber(redis.call('ZSCORE', alive, head)) - now
+  local lasts = expiry - now
   if lease < lasts then
     lasts = lease
   end
   fl_dequeue(queue, alive, head, bids)
-  local token = fl_take(hold, fence, owner, head, lasts)[2]
+  local token = fl_take(hold, fence, owner, head, lasts, freed_by)[2]
   fl_emit(events, seq, mode, maxlen, lock_id, 'grant',
     head .. ',' .. token .. ',' .. now .. ',' .. lasts)
+  return true
 end

@@ -9,23 +9,29 @@
 -- broken connection) is still answered "released", not "held by another". The fencing counter
 -- is a separate key that never expires.
 --
--- fl_take(hold, fence, owner, op, lease)          -> {1, token, 1}
---   Takes a free hold for owner with a new fencing token and a lease in ms.
+-- fl_take(hold, fence, owner, op, lease, freed_by) -> {1, token, 1}
+--   Takes a free hold for owner with a new fencing token and a lease in ms. freed_by: the op id
+--   of the release that freed it (nil: read from the tombstone, if any). The hash is written
+--   over, not deleted first: a free hold is missing or a tombstone with only r.
 -- fl_reenter(hold, owner, op, lease)              -> {1, token, count}
 --   Adds one level of re-entry (owner must hold it); a retried op is answered, not re-applied;
 --   the lease is raised to `lease` if it is shorter.
--- fl_release(hold, owner, token, op, all, tomb)   -> status, holds left
+-- fl_release(hold, owner, token, op, all, tomb, hand_over) -> status, holds left
 --   status: 'partial' (holds left > 0), 'freed' (the hold is gone now), 'retried' (this op was
 --   already applied), 'absent' (nobody holds it), 'other' (another owner or token holds it).
+--   hand_over (optional): called with op once the hold is deleted; when it returns true it
+--   took the hold over for someone else (keeping op as x), and no tombstone is written.
+--   Its first access to the hold is HMGET, a typed read before any write: a foreign value under
+--   the hold key raises WRONGTYPE with nothing changed.
 -- fl_release_reply(status, left)                  -> the reply of a release script:
 --   {1, holds left} released, {0, 0} not held, {-1, 0} held by another owner or token.
-local function fl_take(hold, fence, owner, op, lease)
+local function fl_take(hold, fence, owner, op, lease, freed_by)
   local token = redis.call('INCR', fence)
-  local freed_by = redis.call('HGET', hold, 'r')
-  redis.call('DEL', hold)
-  redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
+  freed_by = freed_by or redis.call('HGET', hold, 'r')
   if freed_by then
-    redis.call('HSET', hold, 'x', freed_by)
+    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op, 'x', freed_by)
+  else
+    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
   end
   redis.call('PEXPIRE', hold, lease)
   return {1, token, 1}
@@ -44,7 +50,7 @@ local function fl_reenter(hold, owner, op, lease)
   return {1, token, count}
 end
 
-local function fl_release(hold, owner, token, op, all, tomb)
+local function fl_release(hold, owner, token, op, all, tomb, hand_over)
   local fields = redis.call('HMGET', hold, 'o', 'c', 'f', 'r', 'x')
   local current, count, held_token, last_op = fields[1], tonumber(fields[2]), fields[3], fields[4]
   if last_op == op then
@@ -65,8 +71,10 @@ local function fl_release(hold, owner, token, op, all, tomb)
   end
   -- DEL first: it is never refused under maxmemory, so a release always frees the lock.
   redis.call('DEL', hold)
-  redis.call('HSET', hold, 'r', op)
-  redis.call('PEXPIRE', hold, tomb)
+  if not (hand_over and hand_over(op)) then
+    redis.call('HSET', hold, 'r', op)
+    redis.call('PEXPIRE', hold, tomb)
+  end
   return 'freed', 0
 end
 

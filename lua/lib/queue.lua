@@ -13,8 +13,9 @@
 -- own place.
 --
 -- fl_now()                                   -> the server clock in ms (TIME)
--- fl_head(queue, alive, now, bids)           -> id of the first live waiter or false, and how
---                                               many dead waiters were evicted before it
+-- fl_head(queue, alive, now, bids)           -> id of the first live waiter or false, how
+--                                               many dead waiters were evicted before it, and
+--                                               when its waiter lease ends (server ms)
 -- fl_keep(queue, alive, lease, bids)         -> keeps the queue keys for two waiter leases
 -- fl_enqueue(queue, alive, id, now, lease, bids, bid)
 --                                            -> appends id unless queued, refreshes its lease,
@@ -35,7 +36,7 @@ local function fl_head(queue, alive, now, bids)
     end
     local expiry = redis.call('ZSCORE', alive, head)
     if expiry and tonumber(expiry) > now then
-      return head, evicted
+      return head, evicted, tonumber(expiry)
     end
     redis.call('LPOP', queue)
     redis.call('ZREM', alive, head)
