@@ -25,17 +25,21 @@
 --         {1, fencing token, hold count, remaining ms} when a release had already granted the
 --           lock to this acquisition (the hold lasts only that long until it is renewed),
 --         {0, ms to wait at most before trying again, server time in ms} otherwise.
-fl_expect(KEYS[1], 'hash')
-fl_expect(KEYS[2], 'string')
-fl_expect(KEYS[3], 'list')
-fl_expect(KEYS[4], 'zset')
-fl_expect(KEYS[7], 'hash')
-fl_expect_events(KEYS[5], KEYS[6], ARGV[6])
+--
+-- Every key is type-checked before the script's first write, where it is first needed: the
+-- hold by HMGET, the queue by LINDEX and the alive set by ZSCORE (typed reads that come before
+-- any write), the bids always (an eviction may write them first), the fence and the event keys
+-- only when the lock is free (only then may it take the lock or emit).
 local hold, fence, queue, alive, bids = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]
 local owner, lease, op, id, waiter_lease = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 
 local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c')
 local current = fields[1]
+fl_expect(bids, 'hash')
+if not current then
+  fl_expect(fence, 'string')
+  fl_expect_events(KEYS[5], KEYS[6], ARGV[6])
+end
 if current and fields[2] == id then
   return {1, tonumber(fields[3]), tonumber(fields[4]), redis.call('PTTL', hold)}
 end

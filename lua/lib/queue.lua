@@ -16,7 +16,8 @@
 -- fl_head(queue, alive, now, bids)           -> id of the first live waiter or false, how
 --                                               many dead waiters were evicted before it, and
 --                                               when its waiter lease ends (server ms)
--- fl_keep(queue, alive, lease, bids)         -> keeps the queue keys for two waiter leases
+-- fl_keep(queue, alive, lease, bids)         -> keeps the queue keys for one to two waiter
+--                                               leases
 -- fl_enqueue(queue, alive, id, now, lease, bids, bid)
 --                                            -> appends id unless queued, refreshes its lease,
 --                                               records its bid (when bids and bid are given)
@@ -49,7 +50,8 @@ end
 
 local function fl_keep(queue, alive, lease, bids)
   local keep = lease * 2
-  if redis.call('PTTL', queue) < keep then
+  -- Pushed forward to two leases once less than one is left: not on every call.
+  if redis.call('PTTL', queue) < lease then
     redis.call('PEXPIRE', queue, keep)
     redis.call('PEXPIRE', alive, keep)
     if bids then
