@@ -1,9 +1,12 @@
 //! The fair (FIFO) driver behind [`LockClient::fair_mutex`](crate::LockClient::fair_mutex).
 //!
 //! Waiters queue in Redis (`lua/lib/queue.lua`): a LIST gives the order, a ZSET of waiter
-//! leases tells the living from the dead. The lock goes to the first live waiter; a release
-//! names that waiter in its event, so only it wakes. Waiters keep their place alive through the
-//! client's batched heartbeat ([`crate::queue`]) and leave it on timeout or cancellation.
+//! leases tells the living from the dead, a HASH of bids says what each waiter asks for. The
+//! lock goes to the first live waiter: a release *grants* it to that waiter (takes the hold in
+//! its name) and names it in a `grant` event, so only it wakes, and its `lock()` returns
+//! without another script call (`lua/lib/fair.lua`, the engine's grant path). Waiters keep
+//! their place alive through the client's batched heartbeat ([`crate::queue`]) and leave it
+//! on timeout or cancellation (freeing a grant they never took up).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -27,9 +27,10 @@ use crate::scripts::SCRIPTS;
 ///   Fastest hand-off; no fairness across processes.
 /// * [`LockClient::fair_mutex`] ([`FairMutex`]): *strict FIFO* across all processes, in the
 ///   order in which acquisitions joined the queue in Redis. [`try_lock`](Self::try_lock) fails
-///   when anyone is queued. A release wakes only the next waiter (no herd). A waiter whose
-///   process died is evicted within [`Config::waiter_lease`](crate::Config::waiter_lease); one
-///   that times out or is cancelled leaves the queue at once and passes the turn on.
+///   when anyone is queued. A release grants the lock to the next waiter and wakes only it (no
+///   herd, and no script call of its own). A waiter whose process died is evicted within
+///   [`Config::waiter_lease`](crate::Config::waiter_lease); one that times out or is cancelled
+///   leaves the queue at once and passes the turn on.
 ///
 /// A fair lock and a barging lock with the same name are different locks.
 ///

@@ -10,7 +10,10 @@
 //!
 //! * `one`: the first local waiter that is not already woken (barging locks: one attempt per
 //!   process per release, not a herd);
-//! * `name`: only the waiter with that id (fair lock hand-off, a writer at the head of a
+//! * `grant`: only the waiter with that id, which a fair release already made the owner; the
+//!   event's token and times travel with the wakeup ([`Granted`]), so the waiter returns without
+//!   asking Redis (`lua/lib/fair.lua`);
+//! * `name`: only the waiter with that id (a fair lock left free, a writer at the head of a
 //!   read-write lock's queue);
 //! * `chain` (read-write lock, [`WakeRule::Chain`]): the readers that Redis admits now. The
 //!   script that frees the lock (`fl_rw_announce` in `lua/lib/rw.lua`) finds a reader at the
