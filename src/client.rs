@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use dashmap::DashMap;
 use fred::clients::Client;
 use fred::interfaces::{ClientLike, KeysInterface};
 use fred::types::config::{
@@ -47,6 +48,14 @@ use crate::scripts::Script;
 /// keeps that memory long after the calls are done.
 pub(crate) const MAX_ATTEMPTS_IN_FLIGHT: usize = 128;
 
+/// A hold that spans several clients (a [`Redlock`](crate::Redlock) hold, one per instance),
+/// so no single client's [`HoldRegistry`] tracks it. Each of its clients keeps it in
+/// [`Core::spanning`] until it is released; a client that shuts down first releases it.
+pub(crate) trait SpanningHold: Send + Sync {
+    /// Releases the hold everywhere (once) and tells its guard ([`LostCause::Shutdown`]).
+    fn release_on_shutdown(self: Arc<Self>) -> crate::engine::BoxFuture<'static, ()>;
+}
+
 /// State shared by handles, guards and background tasks.
 pub(crate) struct Core {
     pub(crate) redis: Client,
@@ -61,6 +70,8 @@ pub(crate) struct Core {
     pub(crate) orphans: Arc<AtomicUsize>,
     /// Bounds the acquire attempts in flight at once (see [`MAX_ATTEMPTS_IN_FLIGHT`]).
     pub(crate) attempt_slots: Arc<tokio::sync::Semaphore>,
+    /// Holds that span several clients (Redlock), by id: released when this client shuts down.
+    pub(crate) spanning: DashMap<u64, Arc<dyn SpanningHold>>,
     /// Attempts repeated after a transient failure (diagnostics).
     pub(crate) retried_attempts: AtomicU64,
     /// Acquire script calls (diagnostics).
@@ -337,6 +348,7 @@ impl LockClient {
             queued: QueuedWaiters::default(),
             orphans: Arc::default(),
             retried_attempts: AtomicU64::new(0),
+            spanning: DashMap::new(),
             attempts: AtomicU64::new(0),
             granted: AtomicU64::new(0),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
@@ -454,6 +466,12 @@ impl LockClient {
             return Ok(());
         }
         tracing::info!("lock client shutting down");
+        let spanning: Vec<u64> = inner.core.spanning.iter().map(|e| *e.key()).collect();
+        for id in spanning {
+            if let Some((_, hold)) = inner.core.spanning.remove(&id) {
+                hold.release_on_shutdown().await;
+            }
+        }
         let mut first_error = None;
         for hold in inner.core.holds.drain() {
             let released = hold

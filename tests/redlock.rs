@@ -213,3 +213,47 @@ fn redlock_keeps_mutual_exclusion_across_processes() {
     }
     assert_eq!(servers[0].cmd(&["GET", "rl-counter"]).as_int(), 3 * 3 * 15);
 }
+
+/// A Redlock hold spans several clients, so no single client's registry tracks it. When one of
+/// those clients shuts down, the hold is released on every instance and its guard hears
+/// `LostCause::Shutdown`; a later `unlock()` says `Error::Shutdown`, and the lock is free for
+/// others at once (no lease to wait for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutting_down_one_client_releases_the_redlock_everywhere() {
+    init_tracing();
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls = urls(&servers);
+    let first = clients(&urls).await;
+    let lock = Redlock::new(&first, "spanning")
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(120)))
+        .unwrap();
+    let guard = lock.lock().await.unwrap();
+    assert_eq!(guard.instances(), 3);
+    let lost = guard.lost();
+
+    first[0].shutdown().await.unwrap();
+    let cause = tokio::time::timeout(HANG, lost)
+        .await
+        .expect("lost() fired");
+    assert_eq!(cause, LostCause::Shutdown);
+    for client in &first[1..] {
+        let state = client.mutex("spanning").unwrap().state().await.unwrap();
+        assert!(!state.locked, "released on every instance: {state:?}");
+    }
+    assert!(matches!(guard.unlock().await, Err(Error::Shutdown)));
+
+    // The lock is free at once: a Redlock over fresh clients takes it without waiting for the
+    // 120 s lease.
+    let fresh = clients(&urls).await;
+    let again = Redlock::new(&fresh, "spanning").unwrap();
+    let guard = again
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free after the shutdown");
+    guard.unlock().await.unwrap();
+    for client in first[1..].iter().chain(&fresh) {
+        client.shutdown().await.unwrap();
+    }
+}

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -19,8 +20,8 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use crate::client::LockClient;
-use crate::engine::{Attempt, Driver, Finish, Released};
+use crate::client::{LockClient, SpanningHold};
+use crate::engine::{Attempt, BoxFuture, Driver, Finish, Released};
 use crate::error::{Error, NotHeldReason, Result};
 use crate::lease::{Lease, LostCause};
 use crate::lock::mutex::Mutex;
@@ -48,6 +49,10 @@ use crate::owner::{op_id, Owner};
 ///
 /// **Lease lost.** [`RedlockGuard::lost`] fires when a renewal round does not reach a quorum,
 /// when the validity of a fixed lease runs out, or at the `max_hold` cap.
+///
+/// **Shutdown.** A hold spans several [`LockClient`]s. When any of them is shut down, it
+/// releases the hold on every instance and the guard's `lost()` fires with
+/// [`LostCause::Shutdown`]; its `unlock()` then answers [`Error::Shutdown`].
 ///
 /// **Cancellation.** Dropping a pending acquisition releases whatever its in-flight attempt
 /// took on every instance.
@@ -346,13 +351,45 @@ async fn wait_any(registrations: &[Registration], limit: Duration) {
     let _ = tokio::time::timeout(limit, any).await;
 }
 
-/// State shared by a guard and its renewal task.
+/// State shared by a guard, its renewal task, and (as a [`SpanningHold`]) every client it holds
+/// instances through.
 struct Shared {
+    name: String,
+    owner: Owner,
+    holds: Vec<(Arc<dyn Driver>, u64)>,
     deadline: StdMutex<Instant>,
     lost: watch::Sender<Option<LostCause>>,
+    /// Set by whichever releases the holds first: `unlock()`, `Drop`, or a client's shutdown.
+    released: AtomicBool,
+    renewal: StdMutex<Option<JoinHandle<()>>>,
+    /// This hold's key in each client's [`Core::spanning`](crate::client::Core).
+    id: u64,
 }
 
+/// Ids of Redlock holds in the clients' spanning-hold maps.
+static NEXT_SPANNING_ID: AtomicU64 = AtomicU64::new(1);
+
 impl Shared {
+    /// Releases every instance's hold, unless someone already did: how many were released,
+    /// None when it was done before. Stops the renewal and leaves the clients' maps.
+    async fn release(&self) -> Option<usize> {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        if let Some(renewal) = self
+            .renewal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            renewal.abort();
+        }
+        for (driver, _) in &self.holds {
+            driver.client().core().spanning.remove(&self.id);
+        }
+        Some(release_all(&self.owner, &self.holds).await)
+    }
+
     fn mark_lost(&self, name: &str, cause: LostCause) {
         let fired = self.lost.send_if_modified(|slot| {
             let fire = slot.is_none();
@@ -369,17 +406,28 @@ impl Shared {
     fn deadline(&self) -> Instant {
         *self.deadline.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn lost_cause(&self) -> Option<LostCause> {
+        self.lost.borrow().clone()
+    }
+}
+
+impl SpanningHold for Shared {
+    fn release_on_shutdown(self: Arc<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            if let Some(released) = self.release().await {
+                tracing::debug!(lock = %self.name, released, "redlock released at client shutdown");
+                self.mark_lost(&self.name, LostCause::Shutdown);
+            }
+        })
+    }
 }
 
 /// Proof of a Redlock hold on a quorum of instances.
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct RedlockGuard {
-    name: String,
-    owner: Owner,
     token: u64,
-    holds: Vec<(Arc<dyn Driver>, u64)>,
     shared: Arc<Shared>,
-    renewal: JoinHandle<()>,
     armed: bool,
 }
 
@@ -392,27 +440,34 @@ impl RedlockGuard {
     ) -> RedlockGuard {
         let lease = lock.lease_ms();
         let deadline = validity(lease, started).unwrap_or(started);
+        let token = holds.iter().map(|(_, t)| *t).max().unwrap_or(0);
         let shared = Arc::new(Shared {
+            name: lock.name.clone(),
+            owner: owner.clone(),
+            holds: holds.clone(),
             deadline: StdMutex::new(deadline),
             lost: watch::channel(None).0,
+            released: AtomicBool::new(false),
+            renewal: StdMutex::new(None),
+            id: NEXT_SPANNING_ID.fetch_add(1, Ordering::Relaxed),
         });
-        let token = holds.iter().map(|(_, t)| *t).max().unwrap_or(0);
         let renewal = tokio::spawn(keep_alive(
             lock.name.clone(),
-            owner.clone(),
-            holds.clone(),
+            owner,
+            holds,
             lock.lease,
             lock.quorum(),
             started,
             shared.clone(),
         ));
+        *shared.renewal.lock().unwrap_or_else(|p| p.into_inner()) = Some(renewal);
+        for (driver, _) in &shared.holds {
+            let spanning: Arc<dyn SpanningHold> = shared.clone();
+            driver.client().core().spanning.insert(shared.id, spanning);
+        }
         RedlockGuard {
-            name: lock.name.clone(),
-            owner,
             token,
-            holds,
             shared,
-            renewal,
             armed: true,
         }
     }
@@ -424,12 +479,12 @@ impl RedlockGuard {
 
     /// The owner of the hold.
     pub fn owner(&self) -> &Owner {
-        &self.owner
+        &self.shared.owner
     }
 
     /// How many instances granted the hold.
     pub fn instances(&self) -> usize {
-        self.holds.len()
+        self.shared.holds.len()
     }
 
     /// Until when the quorum guarantees the hold (validity after drift), by the local clock.
@@ -439,7 +494,7 @@ impl RedlockGuard {
 
     /// Why the hold was lost, if it was.
     pub fn lost_cause(&self) -> Option<LostCause> {
-        self.shared.lost.borrow().clone()
+        self.shared.lost_cause()
     }
 
     /// Resolves when the hold can no longer be guaranteed by a quorum.
@@ -457,15 +512,22 @@ impl RedlockGuard {
         }
     }
 
-    /// Releases the hold on every instance. [`Error::NotHeld`] when no instance still had it.
+    /// Releases the hold on every instance. [`Error::NotHeld`] when no instance still had it;
+    /// [`Error::Shutdown`] when one of its clients was shut down and released it then.
     pub async fn unlock(mut self) -> Result<()> {
         self.armed = false;
-        self.renewal.abort();
-        let released = release_all(&self.owner, &self.holds).await;
-        tracing::debug!(lock = %self.name, released, "redlock released");
+        let shared = &self.shared;
+        let released = match shared.release().await {
+            Some(released) => released,
+            None if shared.lost_cause() == Some(LostCause::Shutdown) => {
+                return Err(Error::Shutdown)
+            }
+            None => 0,
+        };
+        tracing::debug!(lock = %shared.name, released, "redlock released");
         if released == 0 {
             return Err(Error::NotHeld {
-                lock: self.name.clone(),
+                lock: shared.name.clone(),
                 reason: NotHeldReason::Expired,
             });
         }
@@ -475,15 +537,31 @@ impl RedlockGuard {
 
 impl Drop for RedlockGuard {
     fn drop(&mut self) {
-        self.renewal.abort();
         if !self.armed {
             return;
         }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (owner, holds) = (self.owner.clone(), std::mem::take(&mut self.holds));
-            runtime.spawn(async move {
-                release_all(&owner, &holds).await;
-            });
+        let shared = self.shared.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    shared.release().await;
+                });
+            }
+            // No runtime: nothing can be sent; the holds expire with their lease. Leave the
+            // clients' maps so that they do not keep the hold (and its drivers) alive.
+            Err(_) => {
+                if let Some(renewal) = shared
+                    .renewal
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                {
+                    renewal.abort();
+                }
+                for (driver, _) in &shared.holds {
+                    driver.client().core().spanning.remove(&shared.id);
+                }
+            }
         }
     }
 }
@@ -491,9 +569,9 @@ impl Drop for RedlockGuard {
 impl std::fmt::Debug for RedlockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedlockGuard")
-            .field("lock", &self.name)
+            .field("lock", &self.shared.name)
             .field("token", &self.token)
-            .field("instances", &self.holds.len())
+            .field("instances", &self.shared.holds.len())
             .field("lost", &self.lost_cause())
             .finish()
     }
