@@ -24,7 +24,8 @@
 //! * **s1, uncontended**: one task, one lock name; `--cycles` (5000; 1000 with `--quick`)
 //!   cycles of `lock()` + `unlock().await` after `--warmup` (500), one PING interleaved after
 //!   each. Cycle p50/p99 and its two halves; target: cycle p50 ≤ 2.1 × PING p50 (two script
-//!   round trips).
+//!   round trips). Then, as the floor of a cycle, `--cycles` pairs of bare `EVALSHA`s of
+//!   `return 1` with the key and argument shapes of the acquire and release scripts.
 //! * **s2, contended** (`Mutex`): `--processes` (4) OS processes × `--tasks` (4) tasks loop on
 //!   ONE lock for `--seconds` (5; 2 with `--quick`), doing a non-atomic `GET` then `SET n+1` of
 //!   a counter inside the critical section. The bench re-executes itself as the worker
@@ -95,7 +96,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, KeysInterface};
+use fred::interfaces::{ClientLike, KeysInterface, LuaInterface};
 use fred::types::{ClusterHash, CustomCommand, InfoKind};
 use fredlock::{Config, Lease, LockClient, LockGuard, NotificationMode};
 use hdrhistogram::Histogram;
@@ -1388,6 +1389,9 @@ struct S1Result {
     cycle: Summary,
     lock: Summary,
     unlock: Summary,
+    /// The floor: two `EVALSHA`s of a script that only does `return 1`, with the keys and
+    /// arguments of `mutex_acquire` and then `mutex_release` (measured after the cycles).
+    floor: Summary,
     /// Redis command statistics of the measured cycles (and the interleaved PINGs).
     commands: CommandStats,
     cycles: u64,
@@ -1422,12 +1426,14 @@ async fn run_s1(ctx: &ModeCtx<'_>) -> Result<S1Result, String> {
         }
     }
     let commands = command_stats(locks.redis()).await?.since(&stats_before);
+    let floor = s1_floor(locks.redis(), args.cycles).await?;
     shutdown(&locks).await?;
     let result = S1Result {
         ping: Summary::of(&ping, 1e-3),
         cycle: Summary::of(&cycle, 1e-3),
         lock: Summary::of(&lock, 1e-3),
         unlock: Summary::of(&unlock, 1e-3),
+        floor: Summary::of(&floor, 1e-3),
         commands,
         cycles: args.cycles,
     };
@@ -1439,6 +1445,45 @@ async fn run_s1(ctx: &ModeCtx<'_>) -> Result<S1Result, String> {
         ratio(result.cycle.p50, result.ping.p50)
     ));
     Ok(result)
+}
+
+/// What two script round trips cost by themselves through fred: `EVALSHA` of `return 1` with
+/// the 3 keys and 5 arguments of `mutex_acquire`, then with the 4 keys and 8 arguments of
+/// `mutex_release` (lengths as in fredlock's calls). A cycle can be no faster than this pair.
+async fn s1_floor(client: &Client, cycles: u64) -> Result<Histogram<u64>, String> {
+    let sha: String = client
+        .script_load("return 1")
+        .await
+        .map_err(|err| format!("SCRIPT LOAD failed: {err}"))?;
+    let id = "0123456789abcdef0123456789abcdef";
+    let acquire_keys = vec![
+        "{b:0}:mutex:s1",
+        "{b:0}:mutex.fence:s1",
+        "{b:0}:mutex.wait:s1",
+    ];
+    let release_keys = vec![
+        "{b:0}:mutex:s1",
+        "{b:0}:mutex.wait:s1",
+        "{b:events}",
+        "{b:events}:seq",
+    ];
+    let acquire_args = vec![id, "30000", id, "100", "0"];
+    let release_args = vec![id, "1", id, "0", "15000", "stream", "10000", "mutex:s1"];
+    let mut floor = histogram();
+    for _ in 0..cycles {
+        let started = Instant::now();
+        for (keys, args) in [
+            (&acquire_keys, &acquire_args),
+            (&release_keys, &release_args),
+        ] {
+            let _: i64 = client
+                .evalsha(sha.as_str(), keys.clone(), args.clone())
+                .await
+                .map_err(|err| format!("EVALSHA failed: {err}"))?;
+        }
+        record(&mut floor, started.elapsed());
+    }
+    Ok(floor)
 }
 
 /// One `lock()` + `unlock().await`; returns the duration of each half.
@@ -3267,15 +3312,15 @@ fn s1_table(args: &Args, results: &[(NotificationMode, S1Result)]) -> String {
         args.cycles, args.warmup
     );
     out += "| mode | PING p50 | cycle p50 | cycle p99 | p50 / PING | p99 / PING | lock p50 \
-            | unlock p50 | EVALSHA per cycle (server µs per call) | PING server µs per call \
-            |\n|---|---|---|---|---|---|---|---|---|---|\n";
+            | unlock p50 | floor: 2 bare EVALSHA p50 (/ PING) | EVALSHA per cycle (server µs per \
+            call) | PING server µs per call |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (mode, s1) in results {
         let ping = s1.ping.p50;
         let (evalsha, evalsha_us) = s1.commands.per_op("evalsha", s1.cycles);
         let (_, ping_us) = s1.commands.per_op("ping", 1);
         out += &format!(
-            "| {} | {:.1} | {:.1} | {:.1} | **{:.2}** | {:.2} | {:.1} | {:.1} | {:.2} ({:.1}) \
-             | {:.1} |\n",
+            "| {} | {:.1} | {:.1} | {:.1} | **{:.2}** | {:.2} | {:.1} | {:.1} | {:.1} ({:.2}) \
+             | {:.2} ({:.1}) | {:.1} |\n",
             mode_name(*mode),
             ping,
             s1.cycle.p50,
@@ -3284,6 +3329,8 @@ fn s1_table(args: &Args, results: &[(NotificationMode, S1Result)]) -> String {
             ratio(s1.cycle.p99, ping),
             s1.lock.p50,
             s1.unlock.p50,
+            s1.floor.p50,
+            ratio(s1.floor.p50, ping),
             evalsha,
             evalsha_us,
             ping_us
@@ -3742,6 +3789,8 @@ fn s1_json(s1: &S1Result) -> Json {
         "lock": s1.lock.json(),
         "unlock": s1.unlock.json(),
         "cycle_p50_per_ping": round(ratio(s1.cycle.p50, s1.ping.p50), 3),
+        "floor_two_bare_evalsha": s1.floor.json(),
+        "floor_p50_per_ping": round(ratio(s1.floor.p50, s1.ping.p50), 3),
         "cycle_p99_per_ping": round(ratio(s1.cycle.p99, s1.ping.p50), 3),
         "redis_commands_per_cycle": s1.commands.json(s1.cycles),
     })

@@ -678,14 +678,25 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
                     Duration::from_millis(lease_ms),
                 )
             };
-            let holder_client = LockClient::connect(cfg(3000)).await.unwrap();
-            let waiter_client = LockClient::connect(cfg(3000)).await.unwrap();
+            let holder_client = LockClient::connect(cfg(9000)).await.unwrap();
+            let waiter_client = LockClient::connect(cfg(9000)).await.unwrap();
             let holding = holder_client.fair_mutex("granted").unwrap();
             let waiting = waiter_client
                 .fair_mutex("granted")
                 .unwrap()
                 .with_lease(lease)
                 .unwrap();
+            if mode == NotificationMode::PubSub {
+                // A message published before the waiter's client has subscribed is lost (the
+                // waiter then finds its grant by asking Redis, which is correct but not what
+                // this test is about): wait until both clients listen.
+                let channel = format!("{{{prefix}:events}}");
+                eventually_async("both clients subscribed", || {
+                    let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]).as_array();
+                    reply.get(1).map(Resp::as_int) == Some(2)
+                })
+                .await;
+            }
             let holder = holding.lock().await.unwrap();
             let waiter = tokio::spawn(async move { waiting.lock().await });
             wait_queue_len_async(&server, &prefix, "granted", 1).await;
@@ -705,7 +716,9 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
                 (1, 1),
                 "{mode:?} {lease:?}"
             );
-            // Topped up from at most the waiter lease (3 s) to the 60 s lease.
+            // Topped up from at most the waiter lease (9 s: the clients' first heartbeat, at 3 s,
+            // comes long after this hand-off, so nothing but the grant wakes the waiter) to the
+            // 60 s lease, a third into the grant.
             let hold_key = format!("{{{prefix}:0}}:fair:granted");
             eventually_async("the granted hold is topped up to the full lease", || {
                 server.cmd(&["PTTL", &hold_key]).as_int() > 10_000
