@@ -11,8 +11,12 @@
 -- ARGV[5] "1" when other waiters of the caller's process wait for this lock: on success the
 --         marker is set for them (the release that let the caller in deleted it, and only one
 --         waiter per process was woken, so nobody else would set it again)
+-- ARGV[6] the waiter id of this acquisition ("" for a try): a release of its process may have
+--         handed it the lock under this id already (mutex_release.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
+--         {1, fencing token, hold count, remaining ms} when a release had already handed the
+--           lock to this acquisition (its reply never reached the waiter),
 --         {0, remaining ttl of the hold in ms} when another owner holds the lock,
 --         a WRONGTYPE error (and no change) when a key it touches holds a foreign value
 --         (lib/check.lua); a foreign value under a key it does not touch is left alone.
@@ -23,14 +27,18 @@
 local hold, fence, waiters = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 
-local current = redis.call('HGET', hold, 'o')
+local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c')
+local current = fields[1]
+if current and ARGV[6] ~= '' and fields[2] == ARGV[6] then
+  return {1, tonumber(fields[3]), tonumber(fields[4]), redis.call('PTTL', hold)}
+end
 if not current then
   if ARGV[5] == '1' then
     fl_expect(fence, 'string')
     fl_expect(waiters, 'string')
     redis.call('SET', waiters, '1', 'PX', lease + grace)
   end
-  return fl_take(hold, fence, owner, op, lease)
+  return fl_take(hold, fence, owner, op, lease, fields[2])
 end
 if current == owner then
   return fl_reenter(hold, owner, op, lease)

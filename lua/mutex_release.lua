@@ -1,30 +1,54 @@
--- mutex_release.lua: give back one hold (or all holds) of an exclusive reentrant lock.
--- Uses lib/hold.lua and lib/notify.lua.
+-- mutex_release.lua: give back one hold (or all holds) of an exclusive reentrant lock, or hand
+-- it straight to a waiter of the releasing process. Uses lib/hold.lua and lib/notify.lua.
 --
--- KEYS[1] hold     hold hash (see lib/hold.lua)
+-- KEYS[1] hold     hold hash (see lib/hold.lua); field h counts hand-overs in a row
 -- KEYS[2] waiters  marker; when the lock becomes free and the marker exists, it is deleted and
 --                  one event is emitted (waiters that lose the race set it again)
 -- KEYS[3] events   the shard's stream or channel
 -- KEYS[4] seq      the shard's event counter
+-- KEYS[5] fence    fencing counter (a hand-over takes the next token)
 -- ARGV[1] owner id
 -- ARGV[2] fencing token of the hold being released (a stale hold of the same owner is refused)
 -- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
 -- ARGV[4] "1" to release every hold of the owner at once, "0" to release one
 -- ARGV[5] tombstone ttl in ms (see lib/hold.lua)
 -- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
+-- ARGV[9] successor owner id, "" for none: a waiter of the releasing process that may be
+--         handed the lock when this release frees it (barging, but local first: lock cohorting)
+-- ARGV[10] the successor's waiter id (the op id its hold is taken under), ARGV[11] its lease in
+--         ms, ARGV[12] at most this many hand-overs in a row (then the lock is freed for all)
 --
 -- Returns {1, holds left} when released (0: the lock is free now),
+--         {1, 0, token} when the lock was handed to the successor with this fencing token,
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it.
 --
 -- Each key is type-checked before the first write, where it is first needed: the marker by GET
--- (a typed read), the event keys only when there is an event to emit, the hold by fl_release's
--- HMGET (a typed read).
+-- (a typed read), the event keys only when there is an event to emit, the fence only when a
+-- hand-over may take a token, the hold by fl_release's HMGET (a typed read).
+local hold, fence = KEYS[1], KEYS[5]
 local waiting = redis.call('GET', KEYS[2])
 if waiting then
   fl_expect_events(KEYS[3], KEYS[4], ARGV[6])
 end
-local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]))
+local handed
+local hand_over
+if ARGV[9] ~= '' then
+  fl_expect(fence, 'string')
+  local streak = tonumber(redis.call('HGET', hold, 'h') or 0)
+  if streak < tonumber(ARGV[12]) then
+    hand_over = function(freed_by)
+      handed = fl_take(hold, fence, ARGV[9], ARGV[10], tonumber(ARGV[11]), freed_by)[2]
+      redis.call('HSET', hold, 'h', streak + 1)
+      return true
+    end
+  end
+end
+local status, left = fl_release(hold, ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]),
+  hand_over)
+if handed then
+  return {1, 0, handed}
+end
 if status == 'freed' and waiting then
   redis.call('DEL', KEYS[2])
   fl_emit(KEYS[3], KEYS[4], ARGV[6], ARGV[7], ARGV[8], 'one', '')

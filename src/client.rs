@@ -78,6 +78,8 @@ pub(crate) struct Core {
     pub(crate) attempts: AtomicU64,
     /// Acquisitions completed by a grant event, without a script call (diagnostics).
     pub(crate) granted: AtomicU64,
+    /// Acquisitions handed over by a release of this client (diagnostics).
+    pub(crate) handed_over: AtomicU64,
     /// No new acquisitions (shutdown started).
     closed: AtomicBool,
     /// Connections closed: every command fails at once with [`Error::Shutdown`].
@@ -351,6 +353,7 @@ impl LockClient {
             spanning: DashMap::new(),
             attempts: AtomicU64::new(0),
             granted: AtomicU64::new(0),
+            handed_over: AtomicU64::new(0),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
             closed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
@@ -454,6 +457,7 @@ impl LockClient {
             retried_attempts: core.retried_attempts.load(Ordering::Relaxed),
             attempts: core.attempts.load(Ordering::Relaxed),
             granted: core.granted.load(Ordering::Relaxed),
+            handed_over: core.handed_over.load(Ordering::Relaxed),
         }
     }
 
@@ -576,6 +580,9 @@ pub struct ClientStats {
     /// Fair-lock acquisitions that a release granted directly, completed without a script
     /// call of their own, since start.
     pub granted: u64,
+    /// Barging-mutex acquisitions that a release of this client handed over directly (see
+    /// [`Config::handover_streak`](crate::Config::handover_streak)), since start.
+    pub handed_over: u64,
 }
 
 /// Records this client's layout under the prefix, or checks that it matches the recorded one.

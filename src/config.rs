@@ -102,6 +102,11 @@ pub struct Config {
     /// applied twice. `try_lock` never retries; zero turns retries off.
     #[serde(with = "humantime_serde")]
     pub transient_retry: Duration,
+    /// Barging [`Mutex`](crate::Mutex) only: how many times in a row a release may hand the
+    /// lock straight to a waiting task of its own process (one round trip, no event, no herd)
+    /// before it frees the lock for every process. A larger value gives more throughput under
+    /// contention and a longer wait to the other processes; 0 turns hand-overs off.
+    pub handover_streak: u32,
 }
 
 impl Default for Config {
@@ -122,6 +127,7 @@ impl Default for Config {
             replica_acks: 0,
             replica_ack_timeout: Duration::from_secs(1),
             transient_retry: Duration::from_secs(30),
+            handover_streak: 3,
         }
     }
 }
@@ -212,6 +218,7 @@ impl fmt::Debug for Config {
             .field("replica_acks", &self.replica_acks)
             .field("replica_ack_timeout", &self.replica_ack_timeout)
             .field("transient_retry", &self.transient_retry)
+            .field("handover_streak", &self.handover_streak)
             .finish()
     }
 }

@@ -31,7 +31,7 @@ use crate::error::{Backoff, Error, NotHeldReason, Result};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
-use crate::notify::{Granted, WaitKind};
+use crate::notify::{Bid, Granted, HandedOver, Registration, WaitKind};
 use crate::owner::{op_id, Owner};
 use crate::scripts::Script;
 
@@ -55,8 +55,12 @@ pub(crate) enum Attempt {
 /// The answer of one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
-    /// Released; `remaining` holds of the owner are left (0: the hold is gone).
-    Yes { remaining: u64 },
+    /// Released; `remaining` holds of the owner are left (0: the hold is gone). `handed_over`:
+    /// the release handed the lock to a waiter of this process, under this fencing token.
+    Yes {
+        remaining: u64,
+        handed_over: Option<u64>,
+    },
     /// The hold was not there.
     NotHeld(NotHeldReason),
 }
@@ -91,6 +95,23 @@ pub(crate) trait Driver: Send + Sync + 'static {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>>;
+    /// Whether a release may hand the lock straight to a waiter of this process (barging
+    /// mutex): its waiters then register a [`Bid`] and a release tries [`Driver::release_to`].
+    fn hands_over(&self) -> bool {
+        false
+    }
+    /// Releases one hold of `owner`; when that frees the lock, it may hand it to `successor`
+    /// (its waiter id and bid) instead. Default: a plain release.
+    fn release_to<'a>(
+        &'a self,
+        owner: &'a Owner,
+        token: u64,
+        op: &'a str,
+        successor: Option<(&'a str, &'a Bid)>,
+    ) -> BoxFuture<'a, Result<Released>> {
+        let _ = successor;
+        self.release(owner, token, op, false)
+    }
     /// Frees the lock whoever holds it and wakes the next waiter; true if a hold was removed.
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>>;
     /// The script that renews holds of this kind (see `lua/hold_renew.lua` for its contract).
@@ -158,12 +179,21 @@ async fn acquire_loop(
     let waiting = patience != Patience::None;
     let waiter: Arc<str> = format!("{}{}", driver.waiter_prefix(), op_id()).into();
     let registration = waiting.then(|| {
+        let bid = driver.hands_over().then(|| Bid {
+            owner: owner.clone(),
+            lease: lease.initial(),
+        });
         driver.client().waiters().register(
             driver.keys().id(),
             driver.wait_kind(),
             Some(waiter.clone()),
+            bid,
         )
     });
+    let _unused = UnusedHandOver {
+        registration: registration.as_ref(),
+        driver: &driver,
+    };
     let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
     let mut retry = TransientRetry::default();
     let mut op = op_id();
@@ -178,6 +208,9 @@ async fn acquire_loop(
         let limit = match attempt {
             Ok(Attempt::Acquired { token, lasts }) => {
                 let lasts = lasts.unwrap_or(lease.initial());
+                if let Some(registration) = registration.as_ref() {
+                    registration.taken();
+                }
                 let guard = take_up(&driver, &owner, token, lease, sent_at, lasts, &mut queued);
                 return guard.await.map(Some);
             }
@@ -236,6 +269,22 @@ async fn acquire_loop(
         driver.client().check_open()?;
         tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
         woken = registration.wait(limit).await;
+        if let Some(HandedOver { token, at }) = registration.handed() {
+            registration.taken();
+            tracing::trace!(token, "handed over by a release of this process");
+            let core = driver.client().core();
+            core.handed_over.fetch_add(1, Ordering::Relaxed);
+            let guard = take_up(
+                &driver,
+                &owner,
+                token,
+                lease,
+                at,
+                lease.initial(),
+                &mut queued,
+            );
+            return guard.await.map(Some);
+        }
         if let Some((at, lasts)) = registration.granted().and_then(|g| grant_times(clock, g)) {
             let token = registration.granted().map_or(0, |granted| granted.token);
             tracing::trace!(token, "granted by the release");
@@ -246,6 +295,36 @@ async fn acquire_loop(
         }
         tracing::trace!(woken, "re-checking");
         driver.client().check_open()?;
+    }
+}
+
+/// Releases a hold that a release of this process handed to the acquisition (barging mutex)
+/// when the acquisition goes away without taking it up: a timeout, a cancellation, an error.
+/// Declared after the registration, so it runs first when the acquisition's future is dropped.
+struct UnusedHandOver<'a> {
+    registration: Option<&'a Registration>,
+    driver: &'a Arc<dyn Driver>,
+}
+
+impl Drop for UnusedHandOver<'_> {
+    fn drop(&mut self) {
+        let Some(handed) = self.registration.and_then(Registration::abandon) else {
+            return;
+        };
+        let Some(owner) = self.registration.and_then(Registration::bid_owner) else {
+            return;
+        };
+        let driver = self.driver.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let outcome = driver.release(&owner, handed.token, &op_id(), false).await;
+                tracing::debug!(
+                    lock = driver.keys().name(),
+                    ?outcome,
+                    "released a hand-over nobody took up"
+                );
+            });
+        }
     }
 }
 

@@ -22,6 +22,7 @@ use crate::client::Core;
 use crate::config::{check_lease, MAX_DURATION};
 use crate::engine::{Driver, Released};
 use crate::error::{Backoff, NotHeldReason, Result};
+use crate::notify::{Claim, HandedOver};
 use crate::owner::{op_id, Owner};
 use crate::scripts::{int_array, Script};
 
@@ -506,15 +507,31 @@ pub(crate) async fn run_release_worker(
 /// (timeout, broken connection, failover) is retried with the same op id, so a release that did
 /// run is answered, not applied twice, until the hold's lease would have ended anyway; a hold
 /// whose lease is over by then is reported as expired.
+///
+/// A barging mutex's release may hand the lock straight to a waiting task of this client (see
+/// [`crate::Config::handover_streak`]): the first local waiter that can take it is claimed
+/// before the call, told the new token if the script handed it the lock, and released again
+/// here if it went away meanwhile.
 pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
     let op = op_id();
     let mut backoff = Backoff::default();
+    let driver = &hold.driver;
+    let mut claim = if driver.hands_over() {
+        let waiters = driver.client().waiters();
+        waiters.claim_handover(driver.keys().id(), hold.owner.id())
+    } else {
+        None
+    };
     loop {
-        match hold
-            .driver
-            .release(&hold.owner, hold.token, &op, false)
-            .await
-        {
+        let sent_at = Instant::now();
+        let successor = claim.as_ref().map(Claim::bid);
+        let outcome = driver
+            .release_to(&hold.owner, hold.token, &op, successor)
+            .await;
+        if let Some(claim) = claim.take() {
+            settle_claim(driver, claim, &outcome, sent_at).await;
+        }
+        match outcome {
             Err(error) if error.is_retryable() => {
                 if Instant::now() + backoff.peek() >= hold.deadline() {
                     // The lease is over: Redis drops the hold by itself (at the latest when its
@@ -527,6 +544,36 @@ pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
             }
             other => return other,
         }
+    }
+}
+
+/// Tells a claimed waiter how the release went: handed the lock (or, if it went away
+/// meanwhile, the hold is released again here), not handed it, or unknown (an error: the
+/// waiter re-checks, and its attempt is answered if it did get the lock).
+async fn settle_claim(
+    driver: &Arc<dyn Driver>,
+    claim: Claim,
+    outcome: &Result<Released>,
+    sent_at: Instant,
+) {
+    match outcome {
+        Ok(Released::Yes {
+            handed_over: Some(token),
+            ..
+        }) => {
+            let owner = claim.bid().1.owner.clone();
+            let token = *token;
+            if !claim.deliver(HandedOver { token, at: sent_at }) {
+                let undone = driver.release(&owner, token, &op_id(), false).await;
+                tracing::debug!(
+                    lock = driver.keys().name(),
+                    ?undone,
+                    "released a hand-over to a waiter that went away"
+                );
+            }
+        }
+        Ok(_) => claim.cancel(false),
+        Err(_) => claim.cancel(true),
     }
 }
 

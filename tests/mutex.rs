@@ -719,7 +719,7 @@ fn a_release_resent_after_another_owner_took_the_lock_is_answered_released() {
     let take = |owner: &str, op: &str| {
         server
             .cmd(&[
-                "EVAL", &acquire, "3", hold, fence, wait, owner, "30000", op, "0", "0",
+                "EVAL", &acquire, "3", hold, fence, wait, owner, "30000", op, "0", "0", "",
             ])
             .as_array()
             .iter()
@@ -729,8 +729,8 @@ fn a_release_resent_after_another_owner_took_the_lock_is_answered_released() {
     let give_back = |owner: &str, token: &str, op: &str| {
         server
             .cmd(&[
-                "EVAL", &release, "4", hold, wait, events, seq, owner, token, op, "0", "5000",
-                "stream", "1000", "mutex:x",
+                "EVAL", &release, "5", hold, wait, events, seq, fence, owner, token, op, "0",
+                "5000", "stream", "1000", "mutex:x", "", "", "0", "0",
             ])
             .as_array()
             .iter()
@@ -754,4 +754,144 @@ fn a_release_resent_after_another_owner_took_the_lock_is_answered_released() {
         Some("b")
     );
     assert_eq!(give_back("b", "2", "b-release"), vec![1, 0]);
+}
+
+/// The hand-over protocol at the Lua level (`lua/mutex_release.lua`): a release that frees the
+/// lock may take it for a named successor (the next token, the successor's waiter id as op,
+/// the streak counted in `h`); the successor's re-check is answered without a second level; a
+/// re-sent release stays answered; after `cap` hand-overs in a row the lock is freed for all.
+#[test]
+fn a_release_hands_the_lock_to_a_local_successor_at_most_cap_times_in_a_row() {
+    init_tracing();
+    let server = RedisServer::start();
+    let hold_lib = include_str!("../lua/lib/hold.lua");
+    let notify_lib = include_str!("../lua/lib/notify.lua");
+    let acquire = composed(&[hold_lib], include_str!("../lua/mutex_acquire.lua"));
+    let release = composed(
+        &[hold_lib, notify_lib],
+        include_str!("../lua/mutex_release.lua"),
+    );
+    let (hold, fence, wait) = ("{t:0}:mutex:x", "{t:0}:mutex.fence:x", "{t:0}:mutex.wait:x");
+    let (events, seq) = ("{t:events}", "{t:events}:seq");
+    let ints = |reply: support::Resp| {
+        reply
+            .as_array()
+            .iter()
+            .map(|v| v.as_int())
+            .collect::<Vec<_>>()
+    };
+    let take = |owner: &str, op: &str, waiter: &str| {
+        ints(server.cmd(&[
+            "EVAL", &acquire, "3", hold, fence, wait, owner, "30000", op, "100", "0", waiter,
+        ]))
+    };
+    let give = |owner: &str, token: &str, op: &str, to: Option<(&str, &str)>| {
+        let (next, waiter) = to.unwrap_or(("", ""));
+        ints(server.cmd(&[
+            "EVAL", &release, "5", hold, wait, events, seq, fence, owner, token, op, "0", "5000",
+            "stream", "1000", "mutex:x", next, waiter, "20000", "2",
+        ]))
+    };
+    let field = |name: &str| server.cmd(&["HGET", hold, name]).as_str();
+
+    assert_eq!(take("a", "a-take", ""), vec![1, 1, 1]);
+    assert_eq!(
+        give("a", "1", "a-release", Some(("b", "wb"))),
+        vec![1, 0, 2]
+    );
+    assert_eq!(field("o").as_deref(), Some("b"));
+    assert_eq!(field("r").as_deref(), Some("wb"));
+    assert_eq!(field("h").as_deref(), Some("1"));
+    let lease = server.cmd(&["PTTL", hold]).as_int();
+    assert!(
+        lease > 15_000 && lease <= 20_000,
+        "the successor's lease: {lease}"
+    );
+    // b never heard of it: its next attempt (another op, same waiter id) is answered.
+    let answered = take("b", "b-recheck", "wb");
+    assert_eq!(answered[..3], [1, 2, 1], "{answered:?}");
+    assert_eq!(field("c").as_deref(), Some("1"));
+    // a's release, re-sent, is answered as released; b is unharmed.
+    assert_eq!(give("a", "1", "a-release", Some(("c", "wc"))), vec![1, 0]);
+    assert_eq!(field("o").as_deref(), Some("b"));
+
+    // Second hand-over in a row, then the cap (2): c's release frees the lock for everyone.
+    assert_eq!(
+        give("b", "2", "b-release", Some(("c", "wc"))),
+        vec![1, 0, 3]
+    );
+    assert_eq!(field("h").as_deref(), Some("2"));
+    assert_eq!(give("c", "3", "c-release", Some(("d", "wd"))), vec![1, 0]);
+    assert_eq!(field("o"), None, "freed after two hand-overs in a row");
+    // A fresh take starts a new streak.
+    assert_eq!(take("d", "d-take", "wd"), vec![1, 4, 1]);
+    assert_eq!(field("h"), None);
+    assert_eq!(
+        give("d", "4", "d-release", Some(("e", "we"))),
+        vec![1, 0, 5]
+    );
+    assert_eq!(field("h").as_deref(), Some("1"));
+}
+
+/// In a real client, a task waiting on a lock that another task of the same client releases is
+/// handed the lock by the release itself: it runs no second script, and gets the next token.
+/// A waiter that is handed the lock but goes away without taking it up releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_waiting_task_of_the_same_client() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in [NotificationMode::Stream, NotificationMode::PubSub] {
+        let mut config = Config::new(server.url());
+        config.notification = mode;
+        config.key_prefix = format!("handover-{}", mode as u8);
+        let locks = LockClient::connect(config).await.unwrap();
+        let mutex = locks.mutex("cohort").unwrap();
+
+        let holder = mutex.lock().await.unwrap();
+        let waiter = {
+            let mutex = mutex.clone();
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        while locks.stats().attempts < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let token = holder.fencing_token();
+        holder.unlock().await.unwrap();
+        let guard = tokio::time::timeout(Duration::from_secs(30), waiter)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(guard.fencing_token(), token + 1);
+        let stats = locks.stats();
+        assert_eq!((stats.attempts, stats.handed_over), (2, 1), "{mode:?}");
+
+        // Handed the lock, never polled again, dropped: the hand-over is released.
+        let mut never = Box::pin(mutex.lock());
+        while locks.stats().attempts < 3 {
+            tokio::select! {
+                biased;
+                _ = &mut never => panic!("cannot acquire while the lock is held"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+        }
+        guard.unlock().await.unwrap(); // hands the lock to `never`
+        drop(never);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while mutex.is_locked().await.unwrap() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the unused hand-over was never released"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            locks.stats().handed_over,
+            1,
+            "the dropped waiter took nothing up"
+        );
+        let again = mutex.try_lock().await.unwrap().expect("free");
+        again.unlock().await.unwrap();
+        locks.shutdown().await.unwrap();
+    }
 }

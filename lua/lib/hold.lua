@@ -11,7 +11,7 @@
 --
 -- fl_take(hold, fence, owner, op, lease, freed_by) -> {1, token, 1}
 --   Takes a free hold for owner with a new fencing token and a lease in ms. freed_by: the op id
---   of the release that freed it (nil: read from the tombstone, if any). The hash is written
+--   of the release that freed it, false for none (nil: read it from the tombstone, if any). The hash is written
 --   over, not deleted first: a free hold is missing or a tombstone with only r.
 -- fl_reenter(hold, owner, op, lease)              -> {1, token, count}
 --   Adds one level of re-entry (owner must hold it); a retried op is answered, not re-applied;
@@ -27,7 +27,9 @@
 --   {1, holds left} released, {0, 0} not held, {-1, 0} held by another owner or token.
 local function fl_take(hold, fence, owner, op, lease, freed_by)
   local token = redis.call('INCR', fence)
-  freed_by = freed_by or redis.call('HGET', hold, 'r')
+  if freed_by == nil then
+    freed_by = redis.call('HGET', hold, 'r')
+  end
   if freed_by then
     redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op, 'x', freed_by)
   else

@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fred::types::Value;
+
 use crate::client::LockClient;
 use crate::engine::{Attempt, BoxFuture, Driver, Released};
 use crate::error::Result;
@@ -14,7 +16,7 @@ use crate::lock::guard::LockGuard;
 use crate::lock::{
     acquire_reply, force_unlock_with, inspect, release_with, run_ints, Acquirer, LockState,
 };
-use crate::notify::WaitKind;
+use crate::notify::{Bid, WaitKind};
 use crate::owner::Owner;
 use crate::scripts::SCRIPTS;
 
@@ -22,9 +24,12 @@ use crate::scripts::SCRIPTS;
 ///
 /// **Ordering.** It depends on how the handle was made:
 ///
-/// * [`LockClient::mutex`]: *barging*. After a release, whoever asks first gets the lock,
-///   queued or not. Each process wakes one local waiter per release, in local arrival order.
-///   Fastest hand-off; no fairness across processes.
+/// * [`LockClient::mutex`]: *barging*, local first. A release whose process has a task waiting
+///   for the lock hands the lock straight to that task (one round trip, no event), at most
+///   [`Config::handover_streak`](crate::Config::handover_streak) times in a row (3 by
+///   default); otherwise, or then, it frees the lock and whoever asks first gets it, queued or
+///   not, with one local waiter per process woken per release, in local arrival order. Fastest
+///   hand-off; no fairness across processes.
 /// * [`LockClient::fair_mutex`] ([`FairMutex`]): *strict FIFO* across all processes, in the
 ///   order in which acquisitions joined the queue in Redis. [`try_lock`](Self::try_lock) fails
 ///   when anyone is queued. A release grants the lock to the next waiter and wakes only it (no
@@ -41,7 +46,8 @@ use crate::scripts::SCRIPTS;
 /// re-entry. Re-entry never waits, also on a fair lock.
 ///
 /// **Cancellation.** Dropping a pending [`lock`](Self::lock) future leaves nothing behind: no
-/// local waiter, no place in a queue, and a hold that its in-flight script took is released.
+/// local waiter, no place in a queue, and a hold that its in-flight script took, or that a
+/// release handed it, is released.
 ///
 /// **Leases.** By default the hold has a watchdog lease ([`crate::Config::watchdog_lease`],
 /// renewed every third of it while the guard lives); see [`Lease`] for fixed leases and caps.
@@ -194,6 +200,43 @@ impl MutexDriver {
     }
 }
 
+impl MutexDriver {
+    /// `lua/mutex_release.lua`, handing the lock to `successor` if it frees it.
+    async fn release_script(
+        &self,
+        owner: &Owner,
+        token: u64,
+        op: &str,
+        all: bool,
+        successor: Option<(&str, &Bid)>,
+    ) -> Result<Released> {
+        let mut keys = self.event_keys();
+        keys.push(self.fence());
+        let extra: Vec<Value> = match successor {
+            Some((waiter, bid)) => vec![
+                bid.owner.id().into(),
+                waiter.into(),
+                (bid.lease.as_millis() as i64).into(),
+                i64::from(self.client.config().handover_streak).into(),
+            ],
+            None => vec!["".into(), "".into(), 0.into(), 0.into()],
+        };
+        let script = &SCRIPTS.mutex_release;
+        release_with(
+            &self.client,
+            &self.keys,
+            script,
+            keys,
+            owner,
+            token,
+            op,
+            all,
+            extra,
+        )
+        .await
+    }
+}
+
 impl Driver for MutexDriver {
     fn keys(&self) -> &LockKeys {
         &self.keys
@@ -210,7 +253,7 @@ impl Driver for MutexDriver {
     fn try_acquire(
         self: Arc<Self>,
         owner: Owner,
-        _waiter: Arc<str>,
+        waiter: Arc<str>,
         op: String,
         lease: Duration,
         waiting: bool,
@@ -232,6 +275,7 @@ impl Driver for MutexDriver {
                     op.into(),
                     if waiting { grace } else { 0 }.into(),
                     if others { "1" } else { "0" }.into(),
+                    if waiting { waiter.as_ref() } else { "" }.into(),
                 ],
             )
             .await?;
@@ -246,17 +290,21 @@ impl Driver for MutexDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        Box::pin(release_with(
-            &self.client,
-            &self.keys,
-            &SCRIPTS.mutex_release,
-            self.event_keys(),
-            owner,
-            token,
-            op,
-            all,
-            Vec::new(),
-        ))
+        Box::pin(self.release_script(owner, token, op, all, None))
+    }
+
+    fn hands_over(&self) -> bool {
+        self.client.config().handover_streak > 0
+    }
+
+    fn release_to<'a>(
+        &'a self,
+        owner: &'a Owner,
+        token: u64,
+        op: &'a str,
+        successor: Option<(&'a str, &'a Bid)>,
+    ) -> BoxFuture<'a, Result<Released>> {
+        Box::pin(self.release_script(owner, token, op, false, successor))
     }
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {

@@ -147,6 +147,7 @@ impl Redlock {
                         d.keys().id(),
                         d.wait_kind(),
                         Some(waiter.clone()),
+                        None,
                     )
                 })
                 .collect()

@@ -76,6 +76,35 @@ pub(crate) struct Granted {
     pub(crate) lasts_ms: u64,
 }
 
+/// What a waiting acquisition asks for, so that a release in its own process can hand it the
+/// lock directly (barging mutex, see [`WaiterTable::claim_handover`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Bid {
+    /// The owner the hold would be taken for.
+    pub(crate) owner: crate::owner::Owner,
+    /// The lease the acquisition asks for.
+    pub(crate) lease: Duration,
+}
+
+/// A hold that a release in this process handed to a waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandedOver {
+    pub(crate) token: u64,
+    /// When the release that handed it over was sent: the hold began after that.
+    pub(crate) at: tokio::time::Instant,
+}
+
+/// Hand-over states of a waiter (see [`WaiterTable::claim_handover`]).
+const OPEN: u8 = 0;
+/// A release in flight may hand the lock to this waiter.
+const CLAIMED: u8 = 1;
+/// The release handed it the lock ([`Waiter::handed`] is set).
+const DONE: u8 = 2;
+/// The acquisition went away; a hand-over that arrives now is the releaser's to undo.
+const GONE: u8 = 3;
+/// The acquisition completed (by the hand-over or by its own attempt).
+const TAKEN: u8 = 4;
+
 /// How an event wakes the local waiters of its lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum WakeRule {
@@ -224,6 +253,12 @@ pub(crate) struct Waiter {
     notify: Notify,
     /// A hold a release granted to this waiter (fair lock).
     granted: OnceLock<Granted>,
+    /// What it asks for, if a release of this process may hand it the lock.
+    bid: Option<Bid>,
+    /// [`OPEN`], [`CLAIMED`], [`DONE`], [`GONE`] or [`TAKEN`].
+    handover: AtomicU8,
+    /// The hold a release of this process handed it.
+    handed: OnceLock<HandedOver>,
 }
 
 impl Waiter {
@@ -257,6 +292,7 @@ impl WaiterTable {
         lock_id: &Arc<str>,
         kind: WaitKind,
         name: Option<Arc<str>>,
+        bid: Option<Bid>,
     ) -> Registration {
         let waiter = Arc::new(Waiter {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -265,6 +301,9 @@ impl WaiterTable {
             woken: AtomicU8::new(IDLE),
             notify: Notify::new(),
             granted: OnceLock::new(),
+            bid,
+            handover: AtomicU8::new(OPEN),
+            handed: OnceLock::new(),
         });
         self.queues
             .entry(lock_id.clone())
@@ -320,6 +359,25 @@ impl WaiterTable {
         tracing::trace!(lock = lock_id, ?rule, woken, "wake");
     }
 
+    /// Picks the first local waiter of `lock_id` that may be handed the lock by a release of
+    /// this process: it has a bid with another owner than the releaser's, has not been woken
+    /// and is not claimed by another release. The claim holds until the release answers
+    /// ([`Claim::deliver`] or [`Claim::cancel`]).
+    pub(crate) fn claim_handover(&self, lock_id: &str, releaser: &str) -> Option<Claim> {
+        let queue = self.queues.get(lock_id)?;
+        let waiter = queue.iter().find(|w| {
+            w.is_idle()
+                && w.name.is_some()
+                && w.bid.as_ref().is_some_and(|bid| bid.owner.id() != releaser)
+                && w.handover
+                    .compare_exchange(OPEN, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+        })?;
+        Some(Claim {
+            waiter: waiter.clone(),
+        })
+    }
+
     /// Wakes every local waiter of every lock so that each re-checks its lock at once.
     pub(crate) fn wake_all(&self, why: &'static str) {
         let mut woken = 0u64;
@@ -368,6 +426,55 @@ impl WaiterTable {
     }
 }
 
+/// A waiter claimed by a release of this process (see [`WaiterTable::claim_handover`]).
+pub(crate) struct Claim {
+    waiter: Arc<Waiter>,
+}
+
+impl Claim {
+    /// The waiter's id (the op id its hold is taken under) and what it asks for.
+    pub(crate) fn bid(&self) -> (&str, &Bid) {
+        let id = self.waiter.name.as_deref().unwrap_or_default();
+        match self.waiter.bid.as_ref() {
+            Some(bid) => (id, bid),
+            None => unreachable!("only waiters with a bid are claimed"),
+        }
+    }
+
+    /// The release handed the waiter the lock: tells it. False when the waiter went away
+    /// meanwhile; then the caller must release the hold it was handed.
+    pub(crate) fn deliver(self, handed: HandedOver) -> bool {
+        let _ = self.waiter.handed.set(handed);
+        match self.waiter.handover.compare_exchange(
+            CLAIMED,
+            DONE,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                self.waiter.wake(WOKEN);
+                true
+            }
+            // Its own attempt already found the hold its own (answered by its waiter id).
+            Err(TAKEN) => true,
+            Err(_) => false,
+        }
+    }
+
+    /// No hand-over happened (or it is unknown whether it did: `recheck` wakes the waiter, whose
+    /// next attempt finds out).
+    pub(crate) fn cancel(self, recheck: bool) {
+        let reopened = self
+            .waiter
+            .handover
+            .compare_exchange(CLAIMED, OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if reopened && recheck {
+            self.waiter.wake(WOKEN);
+        }
+    }
+}
+
 /// A registered waiter; dropping it leaves the queue (and hands on an unused wakeup).
 pub(crate) struct Registration {
     table: Arc<WaiterTable>,
@@ -392,6 +499,43 @@ impl Registration {
     /// The hold a release granted to this waiter, if one did (fair lock).
     pub(crate) fn granted(&self) -> Option<Granted> {
         self.waiter.granted.get().copied()
+    }
+
+    /// The hold a release of this process handed to this waiter, if one did.
+    pub(crate) fn handed(&self) -> Option<HandedOver> {
+        if self.waiter.handover.load(Ordering::Acquire) == DONE {
+            self.waiter.handed.get().copied()
+        } else {
+            None
+        }
+    }
+
+    /// The owner of this waiter's bid, if it has one.
+    pub(crate) fn bid_owner(&self) -> Option<crate::owner::Owner> {
+        self.waiter.bid.as_ref().map(|bid| bid.owner.clone())
+    }
+
+    /// The acquisition completed: a hand-over can no longer be left unused.
+    pub(crate) fn taken(&self) {
+        self.waiter.handover.store(TAKEN, Ordering::Release);
+    }
+
+    /// The acquisition is going away without the lock: a release that claimed this waiter
+    /// will undo its hand-over itself. Returns the hold already handed over and never taken
+    /// up, which the caller must release.
+    pub(crate) fn abandon(&self) -> Option<HandedOver> {
+        // An acquisition that completed stays TAKEN: a release still in flight that claimed it
+        // must not mistake it for gone (and release what it holds).
+        let previous =
+            self.waiter
+                .handover
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |state| {
+                    (state != TAKEN).then_some(GONE)
+                });
+        match previous {
+            Ok(DONE) => self.waiter.handed.get().copied(),
+            _ => None,
+        }
     }
 
     /// The attempt that answered this waiter's last wakeup failed and the waiter is about to
@@ -463,8 +607,8 @@ mod tests {
     async fn wake_one_wakes_the_first_idle_waiter_in_order() {
         let table = WaiterTable::new();
         let lock = id("mutex:a");
-        let first = table.register(&lock, WaitKind::Exclusive, None);
-        let second = table.register(&lock, WaitKind::Exclusive, None);
+        let first = table.register(&lock, WaitKind::Exclusive, None, None);
+        let second = table.register(&lock, WaitKind::Exclusive, None, None);
         table.dispatch("mutex:a", &WakeRule::One);
         assert!(first.wait(Duration::from_millis(1)).await);
         assert!(!second.wait(Duration::from_millis(1)).await);
@@ -478,8 +622,8 @@ mod tests {
     async fn a_woken_waiter_that_leaves_passes_the_wakeup_on() {
         let table = WaiterTable::new();
         let lock = id("mutex:a");
-        let first = table.register(&lock, WaitKind::Exclusive, None);
-        let second = table.register(&lock, WaitKind::Exclusive, None);
+        let first = table.register(&lock, WaitKind::Exclusive, None, None);
+        let second = table.register(&lock, WaitKind::Exclusive, None, None);
         table.dispatch("mutex:a", &WakeRule::One);
         drop(first);
         assert!(second.wait(Duration::from_millis(1)).await);
@@ -499,11 +643,11 @@ mod tests {
         let table = WaiterTable::new();
         let lock = id("rw:a");
         // Local (registration) order: a writer first. In Redis the readers r1 and r3 came first.
-        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")));
-        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")));
-        let w2 = table.register(&lock, WaitKind::Exclusive, Some(id("w2")));
-        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")));
-        let r3 = table.register(&lock, WaitKind::Shared, Some(id("r3")));
+        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")), None);
+        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")), None);
+        let w2 = table.register(&lock, WaitKind::Exclusive, Some(id("w2")), None);
+        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")), None);
+        let r3 = table.register(&lock, WaitKind::Shared, Some(id("r3")), None);
         table.dispatch("rw:a", &listed(&["r3", "r1", "r-elsewhere"]));
         assert!(r1.wait(Duration::from_millis(1)).await);
         assert!(r3.wait(Duration::from_millis(1)).await);
@@ -526,10 +670,10 @@ mod tests {
     async fn a_capped_chain_wakes_every_local_reader_and_no_writer() {
         let table = WaiterTable::new();
         let lock = id("rw:a");
-        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")));
-        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")));
-        let w2 = table.register(&lock, WaitKind::Exclusive, Some(id("w2")));
-        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")));
+        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")), None);
+        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")), None);
+        let w2 = table.register(&lock, WaitKind::Exclusive, Some(id("w2")), None);
+        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")), None);
         table.dispatch("rw:a", &WakeRule::Chain(Admitted::Every));
         assert!(r1.wait(Duration::from_millis(1)).await);
         assert!(r2.wait(Duration::from_millis(1)).await);
@@ -541,15 +685,15 @@ mod tests {
     async fn a_reader_woken_by_chain_that_leaves_wakes_nobody_else() {
         let table = WaiterTable::new();
         let lock = id("rw:a");
-        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")));
-        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")));
-        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")));
+        let r1 = table.register(&lock, WaitKind::Shared, Some(id("r1")), None);
+        let w1 = table.register(&lock, WaitKind::Exclusive, Some(id("w1")), None);
+        let r2 = table.register(&lock, WaitKind::Shared, Some(id("r2")), None);
         table.dispatch("rw:a", &listed(&["r1"]));
         drop(r1);
         assert!(!w1.wait(Duration::from_millis(1)).await);
         assert!(!r2.wait(Duration::from_millis(1)).await);
         // Woken in its own right as well (here by name): then it does pass the wakeup on.
-        let r3 = table.register(&lock, WaitKind::Shared, Some(id("r3")));
+        let r3 = table.register(&lock, WaitKind::Shared, Some(id("r3")), None);
         table.dispatch("rw:a", &listed(&["r3"]));
         table.dispatch("rw:a", &WakeRule::Named("r3".into()));
         drop(r3);
@@ -587,8 +731,8 @@ mod tests {
     async fn named_wakes_only_its_target() {
         let table = WaiterTable::new();
         let lock = id("fair:a");
-        let a = table.register(&lock, WaitKind::Exclusive, Some(id("w1")));
-        let b = table.register(&lock, WaitKind::Exclusive, Some(id("w2")));
+        let a = table.register(&lock, WaitKind::Exclusive, Some(id("w1")), None);
+        let b = table.register(&lock, WaitKind::Exclusive, Some(id("w2")), None);
         table.dispatch("fair:a", &WakeRule::Named("w2".into()));
         assert!(!a.wait(Duration::from_millis(1)).await);
         assert!(b.wait(Duration::from_millis(1)).await);
@@ -613,8 +757,8 @@ mod tests {
     async fn a_woken_waiter_that_fails_hands_its_wakeup_on() {
         let table = WaiterTable::new();
         let lock = id("mutex:a");
-        let first = table.register(&lock, WaitKind::Exclusive, None);
-        let second = table.register(&lock, WaitKind::Exclusive, None);
+        let first = table.register(&lock, WaitKind::Exclusive, None, None);
+        let second = table.register(&lock, WaitKind::Exclusive, None, None);
         table.dispatch("mutex:a", &WakeRule::One);
         assert!(first.wait(Duration::from_millis(1)).await);
         // Its attempt failed (say, out of memory) and it gives up.
