@@ -285,8 +285,9 @@ async fn acquire_loop(
             );
             return guard.await.map(Some);
         }
-        if let Some((at, lasts)) = registration.granted().and_then(|g| grant_times(clock, g)) {
-            let token = registration.granted().map_or(0, |granted| granted.token);
+        let granted = registration.granted();
+        if let Some((at, lasts)) = granted.and_then(|g| grant_times(clock, g)) {
+            let token = granted.map_or(0, |granted| granted.token);
             tracing::trace!(token, "granted by the release");
             let core = driver.client().core();
             core.granted.fetch_add(1, Ordering::Relaxed);
@@ -357,10 +358,14 @@ async fn take_up(
 /// times of the grant and of this waiter's last busy attempt (`clock`: when it was sent, and
 /// the server time it reported). The server read its clock after the attempt was sent, so the
 /// grant began at least `at_ms - server_ms` after `sent`. None (ask Redis instead) without a
-/// clock, or when less than half of the granted time is left: a late event or a paused
-/// process.
+/// clock, when less than half of the granted time is left (a late event or a paused
+/// process), and for a grant older than the last busy attempt: that attempt found the lock
+/// held by another owner, so the grant had run out (or been freed) by then.
 fn grant_times(clock: Option<(Instant, u64)>, granted: Granted) -> Option<(Instant, Duration)> {
     let (sent, server_ms) = clock?;
+    if granted.at_ms < server_ms {
+        return None;
+    }
     let now = Instant::now();
     let at = (sent + Duration::from_millis(granted.at_ms.saturating_sub(server_ms))).min(now);
     let lasts = Duration::from_millis(granted.lasts_ms);
@@ -632,5 +637,42 @@ impl Drop for QueuedInRedis {
                 let _ = leaving.await;
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(at_ms: u64, lasts_ms: u64) -> Granted {
+        Granted {
+            token: 7,
+            at_ms,
+            lasts_ms,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_grant_is_dated_from_the_last_busy_attempt_and_refused_when_stale() {
+        let sent = Instant::now();
+        // Granted 5 ms (server time) after the busy attempt ran: it began no earlier than
+        // 5 ms after that attempt was sent.
+        let (at, lasts) = grant_times(Some((sent, 1_000)), grant(1_005, 3_000)).unwrap();
+        assert!(at >= sent && at <= sent + Duration::from_millis(5));
+        assert_eq!(lasts, Duration::from_millis(3_000));
+        // No clock to date it: ask Redis.
+        assert_eq!(grant_times(None, grant(1_005, 3_000)), None);
+        // Older than the last busy attempt: that attempt found another owner, so this grant
+        // had run out or been freed by then (a process paused past its grant, then re-queued).
+        assert_eq!(grant_times(Some((sent, 2_000)), grant(1_005, 3_000)), None);
+    }
+
+    #[tokio::test]
+    async fn a_grant_read_late_is_left_to_redis() {
+        let Some(sent) = Instant::now().checked_sub(Duration::from_millis(2_500)) else {
+            return; // a clock too young to go back 2.5 s
+        };
+        // 3 s granted right after the attempt, read 2.5 s later: under half is left.
+        assert_eq!(grant_times(Some((sent, 1_000)), grant(1_000, 3_000)), None);
     }
 }

@@ -251,8 +251,8 @@ pub(crate) struct Waiter {
     /// [`IDLE`], [`WOKEN_WITH_OTHERS`] or [`WOKEN`]; only ever raised by a wakeup.
     woken: AtomicU8,
     notify: Notify,
-    /// A hold a release granted to this waiter (fair lock).
-    granted: OnceLock<Granted>,
+    /// The latest hold a release granted to this waiter (fair lock), until it is looked at.
+    granted: std::sync::Mutex<Option<Granted>>,
     /// What it asks for, if a release of this process may hand it the lock.
     bid: Option<Bid>,
     /// [`OPEN`], [`CLAIMED`], [`DONE`], [`GONE`] or [`TAKEN`].
@@ -300,7 +300,7 @@ impl WaiterTable {
             name,
             woken: AtomicU8::new(IDLE),
             notify: Notify::new(),
-            granted: OnceLock::new(),
+            granted: std::sync::Mutex::new(None),
             bid,
             handover: AtomicU8::new(OPEN),
             handed: OnceLock::new(),
@@ -336,7 +336,7 @@ impl WaiterTable {
                 .iter()
                 .filter(|w| w.name.as_deref() == Some(target.as_str()))
                 .map(|w| {
-                    let _ = w.granted.set(*granted);
+                    *w.granted.lock().unwrap_or_else(|p| p.into_inner()) = Some(*granted);
                     w.wake(WOKEN)
                 })
                 .count(),
@@ -496,9 +496,14 @@ impl Registration {
         self.waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE || woke
     }
 
-    /// The hold a release granted to this waiter, if one did (fair lock).
+    /// Takes the hold a release granted to this waiter since the last look, if one did (fair
+    /// lock). The caller still checks that it is not older than the waiter's last busy attempt.
     pub(crate) fn granted(&self) -> Option<Granted> {
-        self.waiter.granted.get().copied()
+        self.waiter
+            .granted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// The hold a release of this process handed to this waiter, if one did.
