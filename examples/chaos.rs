@@ -640,6 +640,14 @@ mod worker {
         config.watchdog_lease = options.lease;
         // Dead waiters leave a fair queue within one lease, like dead holders.
         config.waiter_lease = options.lease;
+        // Experiments: CHAOS_HANDOVER_STREAK overrides Config::handover_streak (0 turns the
+        // barging mutex's local hand-over off).
+        if let Some(streak) = std::env::var("CHAOS_HANDOVER_STREAK")
+            .ok()
+            .and_then(|value| value.parse().ok())
+        {
+            config.handover_streak = streak;
+        }
         loop {
             match LockClient::connect(config.clone()).await {
                 Ok(locks) => return Some(locks),

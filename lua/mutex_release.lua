@@ -19,7 +19,8 @@
 --         ms, ARGV[12] at most this many hand-overs in a row (then the lock is freed for all)
 --
 -- Returns {1, holds left} when released (0: the lock is free now),
---         {1, 0, token} when the lock was handed to the successor with this fencing token,
+--         {1, 0, token} when the lock was handed to the successor with this fencing token (also
+--           when this call is a retry of a release that did so),
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it.
 --
@@ -46,6 +47,14 @@ if ARGV[9] ~= '' then
 end
 local status, left = fl_release(hold, ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]),
   hand_over)
+-- The client re-sends the commands of a broken connection: a retried release that had handed
+-- the lock over still tells which token the successor got, or it would never learn it.
+if status == 'retried' and ARGV[10] ~= '' then
+  local now_held = redis.call('HMGET', hold, 'r', 'f')
+  if now_held[1] == ARGV[10] then
+    handed = tonumber(now_held[2])
+  end
+end
 if handed then
   return {1, 0, handed}
 end

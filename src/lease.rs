@@ -549,7 +549,8 @@ pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
 
 /// Tells a claimed waiter how the release went: handed the lock (or, if it went away
 /// meanwhile, the hold is released again here), not handed it, or unknown (an error: the
-/// waiter re-checks, and its attempt is answered if it did get the lock).
+/// waiter re-checks, and its attempt is answered if it did get the lock). A release that fred
+/// re-sent after a broken connection still reports the hand-over it made (`mutex_release.lua`).
 async fn settle_claim(
     driver: &Arc<dyn Driver>,
     claim: Claim,
@@ -572,6 +573,9 @@ async fn settle_claim(
                 );
             }
         }
+        // Freed but not handed over (the streak cap): the waiter races for the lock like the
+        // others; re-check it at once, since the event may wake another local waiter.
+        Ok(Released::Yes { remaining: 0, .. }) => claim.cancel(true),
         Ok(_) => claim.cancel(false),
         Err(_) => claim.cancel(true),
     }

@@ -811,7 +811,14 @@ fn a_release_hands_the_lock_to_a_local_successor_at_most_cap_times_in_a_row() {
     let answered = take("b", "b-recheck", "wb");
     assert_eq!(answered[..3], [1, 2, 1], "{answered:?}");
     assert_eq!(field("c").as_deref(), Some("1"));
-    // a's release, re-sent, is answered as released; b is unharmed.
+    // a's release, re-sent as fred re-sends the commands of a broken connection, still reports
+    // the hand-over it made (else b would never learn of it); b is unharmed.
+    assert_eq!(
+        give("a", "1", "a-release", Some(("b", "wb"))),
+        vec![1, 0, 2]
+    );
+    assert_eq!(field("c").as_deref(), Some("1"));
+    // Re-sent with another successor (a later claim), it is only answered as released.
     assert_eq!(give("a", "1", "a-release", Some(("c", "wc"))), vec![1, 0]);
     assert_eq!(field("o").as_deref(), Some("b"));
 
