@@ -700,6 +700,87 @@ async fn every_local_waiter_is_woken_in_turn() {
     }
 }
 
+/// The barging mutex's scripts as `src/scripts.rs` composes them, run with `EVAL` on the keys
+/// of one lock (`mutex:x`), for tests of the Lua protocol itself.
+struct LuaMutex<'a> {
+    server: &'a RedisServer,
+    acquire: String,
+    release: String,
+}
+
+impl<'a> LuaMutex<'a> {
+    const HOLD: &'static str = "{t:0}:mutex:x";
+    const FENCE: &'static str = "{t:0}:mutex.fence:x";
+    const WAIT: &'static str = "{t:0}:mutex.wait:x";
+
+    fn new(server: &'a RedisServer) -> Self {
+        let hold_lib = include_str!("../lua/lib/hold.lua");
+        let notify_lib = include_str!("../lua/lib/notify.lua");
+        LuaMutex {
+            server,
+            acquire: composed(&[hold_lib], include_str!("../lua/mutex_acquire.lua")),
+            release: composed(
+                &[hold_lib, notify_lib],
+                include_str!("../lua/mutex_release.lua"),
+            ),
+        }
+    }
+
+    fn ints(reply: support::Resp) -> Vec<i64> {
+        reply.as_array().iter().map(|v| v.as_int()).collect()
+    }
+
+    /// `mutex_acquire` for `owner` with op id `op` and waiter id `waiter` ("" for a try).
+    fn take(&self, owner: &str, op: &str, waiter: &str) -> Vec<i64> {
+        Self::ints(self.server.cmd(&[
+            "EVAL",
+            &self.acquire,
+            "3",
+            Self::HOLD,
+            Self::FENCE,
+            Self::WAIT,
+            owner,
+            "30000",
+            op,
+            "0",
+            "0",
+            waiter,
+        ]))
+    }
+
+    /// `mutex_release`, handing over to `to` = (owner, waiter id) if given (lease 20 s, at most
+    /// 2 hand-overs in a row).
+    fn give(&self, owner: &str, token: &str, op: &str, to: Option<(&str, &str)>) -> Vec<i64> {
+        let (next, waiter) = to.unwrap_or(("", ""));
+        Self::ints(self.server.cmd(&[
+            "EVAL",
+            &self.release,
+            "5",
+            Self::HOLD,
+            Self::WAIT,
+            "{t:events}",
+            "{t:events}:seq",
+            Self::FENCE,
+            owner,
+            token,
+            op,
+            "0",
+            "5000",
+            "stream",
+            "1000",
+            "mutex:x",
+            next,
+            waiter,
+            "20000",
+            "2",
+        ]))
+    }
+
+    fn field(&self, name: &str) -> Option<String> {
+        self.server.cmd(&["HGET", Self::HOLD, name]).as_str()
+    }
+}
+
 /// fred re-sends the commands of a broken connection, so a release that freed the lock can
 /// arrive a second time after another owner took it. The re-sent release (same op id) must be
 /// answered "released", not "held by another", and must leave the new holder alone.
@@ -707,53 +788,18 @@ async fn every_local_waiter_is_woken_in_turn() {
 fn a_release_resent_after_another_owner_took_the_lock_is_answered_released() {
     init_tracing();
     let server = RedisServer::start();
-    let hold_lib = include_str!("../lua/lib/hold.lua");
-    let notify_lib = include_str!("../lua/lib/notify.lua");
-    let acquire = composed(&[hold_lib], include_str!("../lua/mutex_acquire.lua"));
-    let release = composed(
-        &[hold_lib, notify_lib],
-        include_str!("../lua/mutex_release.lua"),
-    );
-    let (hold, fence, wait) = ("{t:0}:mutex:x", "{t:0}:mutex.fence:x", "{t:0}:mutex.wait:x");
-    let (events, seq) = ("{t:events}", "{t:events}:seq");
-    let take = |owner: &str, op: &str| {
-        server
-            .cmd(&[
-                "EVAL", &acquire, "3", hold, fence, wait, owner, "30000", op, "0", "0", "",
-            ])
-            .as_array()
-            .iter()
-            .map(|v| v.as_int())
-            .collect::<Vec<_>>()
-    };
-    let give_back = |owner: &str, token: &str, op: &str| {
-        server
-            .cmd(&[
-                "EVAL", &release, "5", hold, wait, events, seq, fence, owner, token, op, "0",
-                "5000", "stream", "1000", "mutex:x", "", "", "0", "0",
-            ])
-            .as_array()
-            .iter()
-            .map(|v| v.as_int())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(take("a", "a-take"), vec![1, 1, 1]);
-    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
-    assert_eq!(take("b", "b-take"), vec![1, 2, 1]);
+    let lua = LuaMutex::new(&server);
+    assert_eq!(lua.take("a", "a-take", ""), vec![1, 1, 1]);
+    assert_eq!(lua.give("a", "1", "a-release", None), vec![1, 0]);
+    assert_eq!(lua.take("b", "b-take", ""), vec![1, 2, 1]);
     // The re-sent release of a: answered as the release it was.
-    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
-    assert_eq!(
-        server.cmd(&["HGET", hold, "o"]).as_str().as_deref(),
-        Some("b")
-    );
-    assert_eq!(server.cmd(&["HGET", hold, "c"]).as_int(), 1);
+    assert_eq!(lua.give("a", "1", "a-release", None), vec![1, 0]);
+    assert_eq!(lua.field("o").as_deref(), Some("b"));
+    assert_eq!(lua.field("c").as_deref(), Some("1"));
     // A new release by a (another op) is still refused: b holds the lock.
-    assert_eq!(give_back("a", "1", "a-again"), vec![-1, 0]);
-    assert_eq!(
-        server.cmd(&["HGET", hold, "o"]).as_str().as_deref(),
-        Some("b")
-    );
-    assert_eq!(give_back("b", "2", "b-release"), vec![1, 0]);
+    assert_eq!(lua.give("a", "1", "a-again", None), vec![-1, 0]);
+    assert_eq!(lua.field("o").as_deref(), Some("b"));
+    assert_eq!(lua.give("b", "2", "b-release", None), vec![1, 0]);
 }
 
 /// The hand-over protocol at the Lua level (`lua/mutex_release.lua`): a release that frees the
@@ -764,80 +810,59 @@ fn a_release_resent_after_another_owner_took_the_lock_is_answered_released() {
 fn a_release_hands_the_lock_to_a_local_successor_at_most_cap_times_in_a_row() {
     init_tracing();
     let server = RedisServer::start();
-    let hold_lib = include_str!("../lua/lib/hold.lua");
-    let notify_lib = include_str!("../lua/lib/notify.lua");
-    let acquire = composed(&[hold_lib], include_str!("../lua/mutex_acquire.lua"));
-    let release = composed(
-        &[hold_lib, notify_lib],
-        include_str!("../lua/mutex_release.lua"),
-    );
-    let (hold, fence, wait) = ("{t:0}:mutex:x", "{t:0}:mutex.fence:x", "{t:0}:mutex.wait:x");
-    let (events, seq) = ("{t:events}", "{t:events}:seq");
-    let ints = |reply: support::Resp| {
-        reply
-            .as_array()
-            .iter()
-            .map(|v| v.as_int())
-            .collect::<Vec<_>>()
-    };
-    let take = |owner: &str, op: &str, waiter: &str| {
-        ints(server.cmd(&[
-            "EVAL", &acquire, "3", hold, fence, wait, owner, "30000", op, "100", "0", waiter,
-        ]))
-    };
-    let give = |owner: &str, token: &str, op: &str, to: Option<(&str, &str)>| {
-        let (next, waiter) = to.unwrap_or(("", ""));
-        ints(server.cmd(&[
-            "EVAL", &release, "5", hold, wait, events, seq, fence, owner, token, op, "0", "5000",
-            "stream", "1000", "mutex:x", next, waiter, "20000", "2",
-        ]))
-    };
-    let field = |name: &str| server.cmd(&["HGET", hold, name]).as_str();
+    let lua = LuaMutex::new(&server);
+    let hold = LuaMutex::HOLD;
 
-    assert_eq!(take("a", "a-take", ""), vec![1, 1, 1]);
+    assert_eq!(lua.take("a", "a-take", ""), vec![1, 1, 1]);
     assert_eq!(
-        give("a", "1", "a-release", Some(("b", "wb"))),
+        lua.give("a", "1", "a-release", Some(("b", "wb"))),
         vec![1, 0, 2]
     );
-    assert_eq!(field("o").as_deref(), Some("b"));
-    assert_eq!(field("r").as_deref(), Some("wb"));
-    assert_eq!(field("h").as_deref(), Some("1"));
+    assert_eq!(lua.field("o").as_deref(), Some("b"));
+    assert_eq!(lua.field("r").as_deref(), Some("wb"));
+    assert_eq!(lua.field("h").as_deref(), Some("1"));
     let lease = server.cmd(&["PTTL", hold]).as_int();
     assert!(
         lease > 15_000 && lease <= 20_000,
         "the successor's lease: {lease}"
     );
     // b never heard of it: its next attempt (another op, same waiter id) is answered.
-    let answered = take("b", "b-recheck", "wb");
+    let answered = lua.take("b", "b-recheck", "wb");
     assert_eq!(answered[..3], [1, 2, 1], "{answered:?}");
-    assert_eq!(field("c").as_deref(), Some("1"));
+    assert_eq!(lua.field("c").as_deref(), Some("1"));
     // a's release, re-sent as fred re-sends the commands of a broken connection, still reports
     // the hand-over it made (else b would never learn of it); b is unharmed.
     assert_eq!(
-        give("a", "1", "a-release", Some(("b", "wb"))),
+        lua.give("a", "1", "a-release", Some(("b", "wb"))),
         vec![1, 0, 2]
     );
-    assert_eq!(field("c").as_deref(), Some("1"));
+    assert_eq!(lua.field("c").as_deref(), Some("1"));
     // Re-sent with another successor (a later claim), it is only answered as released.
-    assert_eq!(give("a", "1", "a-release", Some(("c", "wc"))), vec![1, 0]);
-    assert_eq!(field("o").as_deref(), Some("b"));
+    assert_eq!(
+        lua.give("a", "1", "a-release", Some(("c", "wc"))),
+        vec![1, 0]
+    );
+    assert_eq!(lua.field("o").as_deref(), Some("b"));
 
     // Second hand-over in a row, then the cap (2): c's release frees the lock for everyone.
     assert_eq!(
-        give("b", "2", "b-release", Some(("c", "wc"))),
+        lua.give("b", "2", "b-release", Some(("c", "wc"))),
         vec![1, 0, 3]
     );
-    assert_eq!(field("h").as_deref(), Some("2"));
-    assert_eq!(give("c", "3", "c-release", Some(("d", "wd"))), vec![1, 0]);
-    assert_eq!(field("o"), None, "freed after two hand-overs in a row");
-    // A fresh take starts a new streak.
-    assert_eq!(take("d", "d-take", "wd"), vec![1, 4, 1]);
-    assert_eq!(field("h"), None);
+    assert_eq!(lua.field("h").as_deref(), Some("2"));
     assert_eq!(
-        give("d", "4", "d-release", Some(("e", "we"))),
+        lua.give("c", "3", "c-release", Some(("d", "wd"))),
+        vec![1, 0]
+    );
+    assert_eq!(lua.field("o"), None, "freed after two hand-overs in a row");
+    // A fresh take starts a new streak.
+    assert_eq!(lua.take("d", "d-take", "wd"), vec![1, 4, 1]);
+    assert_eq!(lua.field("h"), None);
+    assert_eq!(
+        lua.give("d", "4", "d-release", Some(("e", "we"))),
         vec![1, 0, 5]
     );
-    assert_eq!(field("h").as_deref(), Some("1"));
+    assert_eq!(lua.field("h").as_deref(), Some("1"));
 }
 
 /// In a real client, a task waiting on a lock that another task of the same client releases is

@@ -377,6 +377,13 @@ impl Shared {
         if self.released.swap(true, Ordering::AcqRel) {
             return None;
         }
+        self.detach();
+        Some(release_all(&self.owner, &self.holds).await)
+    }
+
+    /// Stops the renewal task and leaves every client's map of spanning holds, so that they do
+    /// not keep the hold (and its drivers) alive.
+    fn detach(&self) {
         if let Some(renewal) = self
             .renewal
             .lock()
@@ -388,7 +395,6 @@ impl Shared {
         for (driver, _) in &self.holds {
             driver.client().core().spanning.remove(&self.id);
         }
-        Some(release_all(&self.owner, &self.holds).await)
     }
 
     fn mark_lost(&self, name: &str, cause: LostCause) {
@@ -548,21 +554,8 @@ impl Drop for RedlockGuard {
                     shared.release().await;
                 });
             }
-            // No runtime: nothing can be sent; the holds expire with their lease. Leave the
-            // clients' maps so that they do not keep the hold (and its drivers) alive.
-            Err(_) => {
-                if let Some(renewal) = shared
-                    .renewal
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                {
-                    renewal.abort();
-                }
-                for (driver, _) in &shared.holds {
-                    driver.client().core().spanning.remove(&shared.id);
-                }
-            }
+            // No runtime: nothing can be sent; the holds expire with their lease.
+            Err(_) => shared.detach(),
         }
     }
 }
