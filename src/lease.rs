@@ -564,7 +564,11 @@ async fn settle_claim(
         }) => {
             let owner = claim.bid().1.owner.clone();
             let token = *token;
-            if !claim.deliver(HandedOver { token, at: sent_at }) {
+            if claim.deliver(HandedOver { token, at: sent_at }) {
+                // Let the new holder run before the releasing task goes on (typically with a
+                // command of its own, whose send would take the worker's next slot first).
+                tokio::task::yield_now().await;
+            } else {
                 let undone = driver.release(&owner, token, &op_id(), false).await;
                 tracing::debug!(
                     lock = driver.keys().name(),

@@ -884,7 +884,11 @@ async fn a_release_hands_the_lock_to_a_waiting_task_of_the_same_client() {
             let mutex = mutex.clone();
             tokio::spawn(async move { mutex.lock().await })
         };
-        while locks.stats().attempts < 2 {
+        // Until its attempt has run in Redis (the busy answer sets the waiters marker); counting
+        // attempts is not enough: one counted may still be on its way, and a hand-over that
+        // reaches Redis first is then answered to that attempt, not delivered by the release.
+        let marker = format!("{{handover-{}:*}}:mutex.wait:cohort", mode as u8);
+        while server.keys(&marker).is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let token = holder.fencing_token();

@@ -120,6 +120,11 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                     tracing::warn!("event stream gap (trimmed or reset): every waiter re-checks");
                     reader.waiters.wake_all("stream gap");
                 }
+                // Let the waiters just woken run before the next read: sending it wakes fred's
+                // connection task, which the scheduler would otherwise run first (a woken task
+                // takes the worker's next slot), delaying every hand-off by one socket write.
+                // Entries that arrive meanwhile wait in the stream; nothing is missed.
+                tokio::task::yield_now().await;
             }
             Err(error) => {
                 failures += 1;
