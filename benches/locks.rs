@@ -25,7 +25,8 @@
 //!   cycles of `lock()` + `unlock().await` after `--warmup` (500), one PING interleaved after
 //!   each. Cycle p50/p99 and its two halves; target: cycle p50 ≤ 2.1 × PING p50 (two script
 //!   round trips). Then, as the floor of a cycle, `--cycles` pairs of bare `EVALSHA`s of
-//!   `return 1` with the key and argument shapes of the acquire and release scripts.
+//!   `return 1` with the key and argument shapes of the acquire and release scripts, each pair
+//!   right after one more cycle (so that both see the same machine state).
 //! * **s2, contended** (`Mutex`): `--processes` (4) OS processes × `--tasks` (4) tasks loop on
 //!   ONE lock for `--seconds` (5; 2 with `--quick`), doing a non-atomic `GET` then `SET n+1` of
 //!   a counter inside the critical section. The bench re-executes itself as the worker
@@ -1426,7 +1427,13 @@ async fn run_s1(ctx: &ModeCtx<'_>) -> Result<S1Result, String> {
         }
     }
     let commands = command_stats(locks.redis()).await?.since(&stats_before);
-    let floor = s1_floor(locks.redis(), args.cycles).await?;
+    // The floor: as many bare pairs, each right after a cycle, so both see the same machine.
+    let bare = BarePair::load(locks.redis()).await?;
+    let mut floor = histogram();
+    for _ in 0..args.cycles {
+        s1_cycle(&mutex).await?;
+        record(&mut floor, bare.run(locks.redis()).await?);
+    }
     shutdown(&locks).await?;
     let result = S1Result {
         ping: Summary::of(&ping, 1e-3),
@@ -1450,40 +1457,44 @@ async fn run_s1(ctx: &ModeCtx<'_>) -> Result<S1Result, String> {
 /// What two script round trips cost by themselves through fred: `EVALSHA` of `return 1` with
 /// the 3 keys and 5 arguments of `mutex_acquire`, then with the 4 keys and 8 arguments of
 /// `mutex_release` (lengths as in fredlock's calls). A cycle can be no faster than this pair.
-async fn s1_floor(client: &Client, cycles: u64) -> Result<Histogram<u64>, String> {
-    let sha: String = client
-        .script_load("return 1")
-        .await
-        .map_err(|err| format!("SCRIPT LOAD failed: {err}"))?;
-    let id = "0123456789abcdef0123456789abcdef";
-    let acquire_keys = vec![
-        "{b:0}:mutex:s1",
-        "{b:0}:mutex.fence:s1",
-        "{b:0}:mutex.wait:s1",
-    ];
-    let release_keys = vec![
-        "{b:0}:mutex:s1",
-        "{b:0}:mutex.wait:s1",
-        "{b:events}",
-        "{b:events}:seq",
-    ];
-    let acquire_args = vec![id, "30000", id, "100", "0"];
-    let release_args = vec![id, "1", id, "0", "15000", "stream", "10000", "mutex:s1"];
-    let mut floor = histogram();
-    for _ in 0..cycles {
+/// S1 times one pair after each cycle, so that both see the same machine.
+struct BarePair {
+    sha: String,
+}
+
+impl BarePair {
+    async fn load(client: &Client) -> Result<BarePair, String> {
+        let sha: String = client
+            .script_load("return 1")
+            .await
+            .map_err(|err| format!("SCRIPT LOAD failed: {err}"))?;
+        Ok(BarePair { sha })
+    }
+
+    async fn run(&self, client: &Client) -> Result<Duration, String> {
+        let id = "0123456789abcdef0123456789abcdef";
+        let acquire_keys = vec![
+            "{b:0}:mutex:s1",
+            "{b:0}:mutex.fence:s1",
+            "{b:0}:mutex.wait:s1",
+        ];
+        let release_keys = vec![
+            "{b:0}:mutex:s1",
+            "{b:0}:mutex.wait:s1",
+            "{b:events}",
+            "{b:events}:seq",
+        ];
+        let acquire_args = vec![id, "30000", id, "100", "0"];
+        let release_args = vec![id, "1", id, "0", "15000", "stream", "10000", "mutex:s1"];
         let started = Instant::now();
-        for (keys, args) in [
-            (&acquire_keys, &acquire_args),
-            (&release_keys, &release_args),
-        ] {
+        for (keys, args) in [(acquire_keys, acquire_args), (release_keys, release_args)] {
             let _: i64 = client
-                .evalsha(sha.as_str(), keys.clone(), args.clone())
+                .evalsha(self.sha.as_str(), keys, args)
                 .await
                 .map_err(|err| format!("EVALSHA failed: {err}"))?;
         }
-        record(&mut floor, started.elapsed());
+        Ok(started.elapsed())
     }
-    Ok(floor)
 }
 
 /// One `lock()` + `unlock().await`; returns the duration of each half.
