@@ -28,14 +28,14 @@
 --
 -- Every key is type-checked before the script's first write, where it is first needed: the
 -- hold by HMGET, the queue by LINDEX and the alive set by ZSCORE (typed reads that come before
--- any write), the bids always (an eviction may write them first), the fence and the event keys
--- only when the lock is free (only then may it take the lock or emit).
+-- any write), the bids by the first write itself (lib/queue.lua writes them before the queue
+-- and the alive set), the fence and the event keys only when the lock is free (only then may
+-- it take the lock or emit).
 local hold, fence, queue, alive, bids = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]
 local owner, lease, op, id, waiter_lease = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 
 local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c')
 local current = fields[1]
-fl_expect(bids, 'hash')
 if not current then
   fl_expect(fence, 'string')
   fl_expect_events(KEYS[5], KEYS[6], ARGV[6])

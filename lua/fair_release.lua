@@ -16,16 +16,27 @@
 -- When the lock becomes free, dead waiters at the head are evicted and the lock is granted to
 -- the first live waiter, whose process alone is told (one `grant` event; see lib/fair.lua).
 -- Returns {1, holds left} when released, {0, 0} when not held, {-1, 0} when held by another.
-fl_expect(KEYS[2], 'list')
-fl_expect(KEYS[3], 'zset')
-fl_expect(KEYS[6], 'hash')
-fl_expect(KEYS[7], 'string')
-fl_expect_events(KEYS[4], KEYS[5], ARGV[6])
--- The hold key needs no type check of its own: fl_release reads it (HMGET) before any write.
-local function grant(freed_by)
-  return fl_grant_head(KEYS[1], KEYS[7], KEYS[2], KEYS[3], KEYS[6], fl_now(),
-    KEYS[4], KEYS[5], ARGV[6], ARGV[7], ARGV[8], freed_by)
+local hold, queue, alive, events, seq, bids, fence = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+  KEYS[6], KEYS[7]
+local mode = ARGV[6]
+-- Type checks, all before the first write (fl_release's DEL), and only where needed: the hold
+-- by fl_release's HMGET; when the release frees the lock, the queue, alive set and bids by the
+-- typed reads that look at the head; the fence and the event keys only when there is a head
+-- to grant the lock to (or to name). A release that leaves holds, or frees a lock nobody waits
+-- for, touches no other key.
+local function prepare()
+  local now = fl_now()
+  local peek = fl_peek_head(queue, alive, bids, now)
+  if not peek or peek[1] then
+    fl_expect(fence, 'string')
+    fl_expect_events(events, seq, mode)
+  end
+  return {now, peek}
 end
-local status, left = fl_release(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]),
-  grant)
+local function grant(freed_by, prepared)
+  return fl_grant_head(hold, fence, queue, alive, bids, prepared[1], events, seq, mode, ARGV[7],
+    ARGV[8], freed_by, prepared[2])
+end
+local status, left = fl_release(hold, ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]),
+  grant, prepare)
 return fl_release_reply(status, left)

@@ -736,3 +736,107 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
         }
     }
 }
+
+/// The fair scripts check each key's type before their first write, mostly through typed reads
+/// instead of `TYPE` calls (`lua/fair_release.lua`, `lua/lib/queue.lua`). For every key a
+/// release (that grants the lock to a queued head) and a queueing attempt touch: with a foreign
+/// value there, the script fails with WRONGTYPE and no key changes, neither ours nor the
+/// foreign one.
+#[test]
+fn fair_scripts_refuse_a_foreign_key_before_changing_anything() {
+    init_tracing();
+    let server = RedisServer::start();
+    let granting = [
+        include_str!("../lua/lib/hold.lua"),
+        include_str!("../lua/lib/queue.lua"),
+        include_str!("../lua/lib/notify.lua"),
+        include_str!("../lua/lib/fair.lua"),
+    ];
+    let acquire = support::composed(&granting, include_str!("../lua/fair_acquire.lua"));
+    let release = support::composed(&granting, include_str!("../lua/fair_release.lua"));
+    let (hold, fence, queue, alive, bids) = (
+        "{t:0}:fair:x",
+        "{t:0}:fair.fence:x",
+        "{t:0}:fair.queue:x",
+        "{t:0}:fair.alive:x",
+        "{t:0}:fair.bids:x",
+    );
+    let (events, seq) = ("{t:0}:events", "{t:0}:events:seq");
+    let all = [hold, fence, queue, alive, bids, events, seq];
+    let attempt = |owner: &str, waiter: &str| {
+        server.cmd(&[
+            "EVAL", &acquire, "7", hold, fence, queue, alive, events, seq, bids, owner, "30000",
+            waiter, waiter, "3000", "stream", "1000", "fair:x",
+        ])
+    };
+    let give_back = |owner: &str, token: &str| {
+        server.cmd(&[
+            "EVAL",
+            &release,
+            "7",
+            hold,
+            queue,
+            alive,
+            events,
+            seq,
+            bids,
+            fence,
+            owner,
+            token,
+            "a-release",
+            "0",
+            "5000",
+            "stream",
+            "1000",
+            "fair:x",
+        ])
+    };
+    let dump = || -> Vec<Option<Vec<u8>>> {
+        all.iter()
+            .map(|key| server.cmd(&["DUMP", key]).as_bytes())
+            .collect()
+    };
+    // A foreign value of a type none of our keys has.
+    let plant = |key: &str| {
+        server.cmd(&["DEL", key]);
+        server.cmd(&["SADD", key, "foreign"]);
+    };
+    for key in all {
+        for &(script, queued) in &[("release", true), ("release", false), ("acquire", true)] {
+            server.cmd(&["DEL", hold, fence, queue, alive, bids, events, seq]);
+            // a holds the lock (token 1); with `queued`, b waits at the head of the queue.
+            assert_eq!(attempt("a", "wa").as_array()[0].as_int(), 1);
+            if queued {
+                assert_eq!(attempt("b", "wb").as_array()[0].as_int(), 0);
+            }
+            server.cmd(&["XADD", events, "*", "k", "v"]); // so that the stream exists
+            plant(key);
+            let before = dump();
+            let reply = match script {
+                "release" => give_back("a", "1"),
+                _ => attempt("c", "wc"),
+            };
+            let what = format!("{script} (queued: {queued}) with a foreign {key}");
+            // Keys a call does not need stay unread: a release nobody waits for needs only the
+            // hold and the queue; an attempt on a held lock never needs the fence or the events.
+            let needed = match (script, queued) {
+                ("release", false) => [hold, queue].contains(&key),
+                ("acquire", _) => ![fence, events, seq].contains(&key),
+                _ => true,
+            };
+            if needed {
+                assert!(
+                    reply
+                        .error_message()
+                        .is_some_and(|e| e.contains("WRONGTYPE")),
+                    "{what}: {reply:?}"
+                );
+                assert_eq!(dump(), before, "{what}: a key changed");
+            } else {
+                assert!(!reply.is_error(), "{what}: {reply:?}");
+                let at = all.iter().position(|k| *k == key).unwrap_or_default();
+                assert_eq!(dump()[at], before[at], "{what}: the foreign value changed");
+            }
+        }
+    }
+}

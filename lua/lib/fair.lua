@@ -16,24 +16,49 @@
 -- frees the hold it never took up.
 --
 -- fl_bid(lease, owner)        -> the bid string a waiter records: "<lease ms>|<owner id>"
+-- fl_peek_head(queue, alive, bids, now) -> {head, expiry, bid} of the queue's first waiter
+--   when it is live, {} when the queue is empty, nil when the head is dead (eviction needed).
+--   Reads only (LINDEX, ZSCORE, HGET: typed reads, so each key's type is checked by them).
 -- fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id,
---               freed_by)
+--               freed_by, peek)
 --   On a free lock: evicts dead heads, grants the lock to the first live waiter and emits one
 --   `grant` event, target "<waiter id>,<token>,<server ms of the grant>,<ms the hold lasts>".
 --   freed_by: the op id of the release that freed the lock, kept as x (nil: none). A head
---   without a bid is only named (rule `name`; it takes the lock with its own script).
---   Returns true when it granted the lock.
+--   without a bid is only named (rule `name`; it takes the lock with its own script). peek
+--   (optional): fl_peek_head's answer, read earlier in the same script; a live head it names is
+--   not read again. Returns true when it granted the lock.
 local function fl_bid(lease, owner)
   return lease .. '|' .. owner
 end
 
-local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen,
-                             lock_id, freed_by)
-  local head, _, expiry = fl_head(queue, alive, now, bids)
+local function fl_peek_head(queue, alive, bids, now)
+  local head = redis.call('LINDEX', queue, 0)
   if not head then
-    return false
+    return {}
   end
+  local expiry = tonumber(redis.call('ZSCORE', alive, head))
   local bid = redis.call('HGET', bids, head)
+  if expiry and expiry > now then
+    return {head, expiry, bid}
+  end
+  return nil
+end
+
+local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen,
+                             lock_id, freed_by, peek)
+  local head, expiry, bid
+  if peek and peek[1] then
+    head, expiry, bid = peek[1], peek[2], peek[3]
+  elseif peek then
+    return false -- the queue was empty
+  else
+    local _
+    head, _, expiry = fl_head(queue, alive, now, bids)
+    if not head then
+      return false
+    end
+    bid = redis.call('HGET', bids, head)
+  end
   if not bid then
     fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
     return false

@@ -16,11 +16,15 @@
 -- fl_reenter(hold, owner, op, lease)              -> {1, token, count}
 --   Adds one level of re-entry (owner must hold it); a retried op is answered, not re-applied;
 --   the lease is raised to `lease` if it is shorter.
--- fl_release(hold, owner, token, op, all, tomb, hand_over) -> status, holds left
+-- fl_release(hold, owner, token, op, all, tomb, hand_over, prepare) -> status, holds left
 --   status: 'partial' (holds left > 0), 'freed' (the hold is gone now), 'retried' (this op was
 --   already applied), 'absent' (nobody holds it), 'other' (another owner or token holds it).
---   hand_over (optional): called with op once the hold is deleted; when it returns true it
---   took the hold over for someone else (keeping op as x), and no tombstone is written.
+--   prepare (optional): called only when the release will free the lock, before its first
+--   write, so it can read (and type-check) the keys hand_over will write; its result is passed
+--   to hand_over.
+--   hand_over (optional): called with op (and prepare's result) once the hold is deleted; when
+--   it returns true it took the hold over for someone else (keeping op as x), and no tombstone
+--   is written.
 --   Its first access to the hold is HMGET, a typed read before any write: a foreign value under
 --   the hold key raises WRONGTYPE with nothing changed.
 -- fl_release_reply(status, left)                  -> the reply of a release script:
@@ -52,7 +56,7 @@ local function fl_reenter(hold, owner, op, lease)
   return {1, token, count}
 end
 
-local function fl_release(hold, owner, token, op, all, tomb, hand_over)
+local function fl_release(hold, owner, token, op, all, tomb, hand_over, prepare)
   local fields = redis.call('HMGET', hold, 'o', 'c', 'f', 'r', 'x')
   local current, count, held_token, last_op = fields[1], tonumber(fields[2]), fields[3], fields[4]
   if last_op == op then
@@ -71,9 +75,10 @@ local function fl_release(hold, owner, token, op, all, tomb, hand_over)
     redis.call('HSET', hold, 'c', count - 1, 'r', op)
     return 'partial', count - 1
   end
+  local prepared = prepare and prepare()
   -- DEL first: it is never refused under maxmemory, so a release always frees the lock.
   redis.call('DEL', hold)
-  if not (hand_over and hand_over(op)) then
+  if not (hand_over and hand_over(op, prepared)) then
     redis.call('HSET', hold, 'r', op)
     redis.call('PEXPIRE', hold, tomb)
   end

@@ -8,7 +8,10 @@
 -- the lease forward with batched heartbeats; a waiter whose lease has passed is dead and is
 -- evicted when it reaches the head. The read-write lock never records bids (its scripts pass
 -- nil; the shared scripts pass its never-written `bids` key). Every operation here is O(1) or
--- O(log n) except fl_leave (LREM, only on timeout or cancellation). The fair lock never walks
+-- O(log n) except fl_leave (LREM, only on timeout or cancellation). Where these functions
+-- write the bids hash, they write it first: a script that has read the queue and the alive set
+-- (typed reads) needs no separate type check of the bids, since a foreign value there refuses
+-- the bids write before anything else is changed. The fair lock never walks
 -- the queue; the read-write lock's reader check (rw_acquire.lua) scans it up to the reader's
 -- own place.
 --
@@ -39,11 +42,11 @@ local function fl_head(queue, alive, now, bids)
     if expiry and tonumber(expiry) > now then
       return head, evicted, tonumber(expiry)
     end
-    redis.call('LPOP', queue)
-    redis.call('ZREM', alive, head)
     if bids then
       redis.call('HDEL', bids, head)
     end
+    redis.call('LPOP', queue)
+    redis.call('ZREM', alive, head)
     evicted = evicted + 1
   end
 end
@@ -62,21 +65,21 @@ end
 
 local function fl_enqueue(queue, alive, id, now, lease, bids, bid)
   if not redis.call('ZSCORE', alive, id) then
-    redis.call('RPUSH', queue, id)
     if bids and bid then
       redis.call('HSET', bids, id, bid)
     end
+    redis.call('RPUSH', queue, id)
   end
   redis.call('ZADD', alive, now + lease, id)
   fl_keep(queue, alive, lease, bids)
 end
 
 local function fl_dequeue(queue, alive, id, bids)
-  redis.call('LPOP', queue)
-  redis.call('ZREM', alive, id)
   if bids then
     redis.call('HDEL', bids, id)
   end
+  redis.call('LPOP', queue)
+  redis.call('ZREM', alive, id)
 end
 
 local function fl_leave(queue, alive, id, bids)
