@@ -589,7 +589,7 @@ pub struct ClientStats {
 async fn check_layout(redis: &Client, keyspace: &Keyspace, config: &Config) -> Result<()> {
     let key = keyspace.layout();
     let ours = format!(
-        "v3 shards={} notification={}",
+        "v4 shards={} notification={}",
         keyspace.shards(),
         config.notification.as_str()
     );

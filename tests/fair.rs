@@ -580,19 +580,7 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
         ]))
     };
     let field = |name: &str| server.cmd(&["HGET", hold, name]).as_str();
-    let last_event = || {
-        let entries = server
-            .cmd(&["XREVRANGE", events, "+", "-", "COUNT", "1"])
-            .as_array();
-        let fields = entries[0].as_array()[1].as_array();
-        let get = |key: &str| {
-            let at = fields
-                .iter()
-                .position(|f| f.as_str().as_deref() == Some(key));
-            at.and_then(|i| fields[i + 1].as_str()).unwrap_or_default()
-        };
-        (get("r"), get("t"))
-    };
+    let last_event = || server.last_event(events);
 
     assert_eq!(try_take("a", "a-take", "wa", "3000"), vec![1, 1, 1]);
     let busy = try_take("b", "b-try", "wb", "3000");

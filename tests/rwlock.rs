@@ -407,26 +407,7 @@ fn a_read_heavy_mix_of_many_tasks_in_many_processes_loses_no_wakeup() {
 
 /// The newest event of the prefix's stream (Stream mode, one shard): its rule and target.
 fn last_event(server: &RedisServer, prefix: &str) -> (String, String) {
-    let stream = format!("{{{prefix}:events}}");
-    let entries = server
-        .cmd(&["XREVRANGE", &stream, "+", "-", "COUNT", "1"])
-        .as_array();
-    let entry = entries.first().expect("an event").as_array();
-    let fields: Vec<String> = entry
-        .get(1)
-        .expect("fields")
-        .as_array()
-        .iter()
-        .map(|field| field.as_str().unwrap_or_default())
-        .collect();
-    let field = |name: &str| {
-        fields
-            .chunks(2)
-            .find(|pair| pair[0] == name)
-            .map(|pair| pair[1].clone())
-            .unwrap_or_default()
-    };
-    (field("r"), field("t"))
+    server.last_event(&format!("{{{prefix}:events}}"))
 }
 
 /// Appends made-up waiters to the lock's Redis queue: (waiter id, still alive).

@@ -12,15 +12,16 @@
 --   target      for rule "name": the id of the only waiter to wake; for rule "chain" (read-write
 --               lock): the ids of the readers to wake joined by ",", or "*" for every reader
 --               of the lock (see fl_rw_announce in lib/rw.lua); "" otherwise. Never contains
---               "|" (the pub/sub payload's separator); waiter ids never contain "," or "|"
+--               "|" (the event's separator); waiter ids never contain "," or "|"
+-- The event is one string "seq|rule|target|lock_id" (the lock id last: it may contain "|"):
+-- the only field, "e", of a stream entry, or the pub/sub message.
 -- Returns nothing. Uses INCR, XADD MAXLEN ~, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
 local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
   local seq = redis.call('INCR', seq_key)
+  local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
   if mode == 'stream' then
-    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*',
-      's', seq, 'l', lock_id, 'r', rule, 't', target)
+    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', payload)
   else
-    local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
     if mode == 'spubsub' then
       redis.call('SPUBLISH', events_key, payload)
     else

@@ -14,7 +14,7 @@ use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::task::JoinHandle;
 
-use super::{backoff, Event, Reader, SeqTracker, WakeRule};
+use super::{backoff, Event, Reader, SeqTracker};
 use crate::error::{Error, Result};
 
 const BATCH: u64 = 512;
@@ -179,7 +179,7 @@ fn streams(value: Value) -> Vec<(String, Vec<Entry>)> {
         .collect()
 }
 
-/// One stream entry `[id, [field, value, ...]]`; the event is None when malformed.
+/// One stream entry `[id, ["e", event]]`; the event is None when malformed.
 fn entry(value: Value) -> Option<Entry> {
     let Value::Array(mut parts) = value else {
         return None;
@@ -189,29 +189,13 @@ fn entry(value: Value) -> Option<Entry> {
     }
     let fields = parts.pop()?;
     let id = parts.pop()?.as_string()?;
-    let Value::Array(fields) = fields else {
-        return Some((id, None));
-    };
-    let mut seq = None;
-    let mut lock_id = None;
-    let mut rule = None;
-    let mut target = String::new();
-    for pair in fields.chunks(2) {
-        let [name, value] = pair else { continue };
-        match name.as_str().as_deref() {
-            Some("s") => seq = value.as_string().and_then(|s| s.parse::<u64>().ok()),
-            Some("l") => lock_id = value.as_string(),
-            Some("r") => rule = value.as_string(),
-            Some("t") => target = value.as_string().unwrap_or_default(),
-            _ => {}
-        }
-    }
-    let event = match (seq, lock_id, rule) {
-        (Some(seq), Some(lock_id), Some(rule)) => Some(Event {
-            seq,
-            lock_id,
-            rule: WakeRule::parse(&rule, &target),
-        }),
+    let event = match fields {
+        Value::Array(fields) => match fields.as_slice() {
+            [name, payload] if name.as_str().as_deref() == Some("e") => {
+                payload.as_str().as_deref().and_then(Event::from_payload)
+            }
+            _ => None,
+        },
         _ => None,
     };
     Some((id, event))
@@ -220,17 +204,17 @@ fn entry(value: Value) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::Admitted;
+    use crate::notify::{Admitted, WakeRule};
 
     fn fields(pairs: &[&str]) -> Value {
         Value::Array(pairs.iter().map(|s| Value::from(*s)).collect())
     }
 
     #[test]
-    fn entries_carry_their_wake_rule_and_target() {
+    fn entries_carry_the_event_string() {
         let chain = Value::Array(vec![
             Value::from("7-0"),
-            fields(&["s", "5", "l", "rw:a", "r", "chain", "t", "r1,r2"]),
+            fields(&["e", "5|chain|r1,r2|rw:a"]),
         ]);
         let (id, event) = entry(chain).expect("entry");
         assert_eq!(id, "7-0");
@@ -240,13 +224,17 @@ mod tests {
             event.rule,
             WakeRule::Chain(Admitted::Listed(vec!["r1".into(), "r2".into()]))
         );
-        let every = Value::Array(vec![
-            Value::from("8-0"),
-            fields(&["s", "6", "l", "rw:a", "r", "chain", "t", "*"]),
-        ]);
+        let every = Value::Array(vec![Value::from("8-0"), fields(&["e", "6|chain|*|rw:a"])]);
         let (_, event) = entry(every).expect("entry");
         assert_eq!(event.expect("event").rule, WakeRule::Chain(Admitted::Every));
-        let broken = Value::Array(vec![Value::from("9-0"), fields(&["s", "x"])]);
-        assert_eq!(entry(broken), Some(("9-0".to_owned(), None)));
+        for broken in [
+            fields(&["e", "x|one||mutex:a"]),
+            fields(&["s", "5", "l", "mutex:a", "r", "one", "t", ""]),
+            fields(&["e"]),
+            Value::from("e"),
+        ] {
+            let broken = Value::Array(vec![Value::from("9-0"), broken]);
+            assert_eq!(entry(broken), Some(("9-0".to_owned(), None)));
+        }
     }
 }

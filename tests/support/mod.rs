@@ -351,6 +351,22 @@ impl RedisServer {
         keys
     }
 
+    /// The newest event of the stream `stream` (Stream mode): its wake rule and target.
+    /// An entry has one field, `e`, holding `seq|rule|target|lock id`.
+    pub fn last_event(&self, stream: &str) -> (String, String) {
+        let entries = self
+            .cmd(&["XREVRANGE", stream, "+", "-", "COUNT", "1"])
+            .as_array();
+        let entry = entries.first().expect("an event").as_array();
+        let fields = entry.get(1).expect("fields").as_array();
+        assert_eq!(fields.len(), 2, "one field per entry: {fields:?}");
+        assert_eq!(fields[0].as_str().as_deref(), Some("e"), "{fields:?}");
+        let event = fields[1].as_str().expect("an event string");
+        let parts: Vec<&str> = event.splitn(4, '|').collect();
+        assert_eq!(parts.len(), 4, "seq|rule|target|lock id: {event}");
+        (parts[1].to_owned(), parts[2].to_owned())
+    }
+
     /// FLUSHALL (synchronously); panics unless the server answers OK.
     pub fn flushall(&self) {
         let reply = self.cmd(&["FLUSHALL", "SYNC"]);
