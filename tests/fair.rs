@@ -505,6 +505,18 @@ fn queue_order_breaks(log: &[Vec<String>]) -> usize {
         .count()
 }
 
+/// The keys of fair lock `x` under prefix `t` (one shard), for the tests that call the scripts
+/// themselves: hold, fence, queue, alive, bids, events, seq.
+const FAIR_X_KEYS: [&str; 7] = [
+    "{t:0}:fair:x",
+    "{t:0}:fair.fence:x",
+    "{t:0}:fair.queue:x",
+    "{t:0}:fair.alive:x",
+    "{t:0}:fair.bids:x",
+    "{t:0}:events",
+    "{t:0}:events:seq",
+];
+
 /// The hand-off protocol at the Lua level (`lua/lib/fair.lua`), step by step: a release grants
 /// the lock to the live head (its owner, its waiter id as op id, a lease no longer than what is
 /// left of its waiter lease, the next fencing token) and emits one `grant` event; a head whose
@@ -530,14 +542,7 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
         &[queue_lib, notify_lib, rw_lib],
         include_str!("../lua/fair_leave.lua"),
     );
-    let (hold, fence, queue, alive, bids) = (
-        "{t:0}:fair:x",
-        "{t:0}:fair.fence:x",
-        "{t:0}:fair.queue:x",
-        "{t:0}:fair.alive:x",
-        "{t:0}:fair.bids:x",
-    );
-    let (events, seq) = ("{t:0}:events", "{t:0}:events:seq");
+    let [hold, fence, queue, alive, bids, events, seq] = FAIR_X_KEYS;
     let ints = |reply: Resp| {
         reply
             .as_array()
@@ -742,14 +747,7 @@ fn fair_scripts_refuse_a_foreign_key_before_changing_anything() {
     ];
     let acquire = support::composed(&granting, include_str!("../lua/fair_acquire.lua"));
     let release = support::composed(&granting, include_str!("../lua/fair_release.lua"));
-    let (hold, fence, queue, alive, bids) = (
-        "{t:0}:fair:x",
-        "{t:0}:fair.fence:x",
-        "{t:0}:fair.queue:x",
-        "{t:0}:fair.alive:x",
-        "{t:0}:fair.bids:x",
-    );
-    let (events, seq) = ("{t:0}:events", "{t:0}:events:seq");
+    let [hold, fence, queue, alive, bids, events, seq] = FAIR_X_KEYS;
     let all = [hold, fence, queue, alive, bids, events, seq];
     let attempt = |owner: &str, waiter: &str| {
         server.cmd(&[
