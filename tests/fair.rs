@@ -748,7 +748,7 @@ fn fair_scripts_refuse_a_foreign_key_before_changing_anything() {
     let acquire = support::composed(&granting, include_str!("../lua/fair_acquire.lua"));
     let release = support::composed(&granting, include_str!("../lua/fair_release.lua"));
     let [hold, fence, queue, alive, bids, events, seq] = FAIR_X_KEYS;
-    let all = [hold, fence, queue, alive, bids, events, seq];
+    let all = FAIR_X_KEYS;
     let attempt = |owner: &str, waiter: &str| {
         server.cmd(&[
             "EVAL", &acquire, "7", hold, fence, queue, alive, events, seq, bids, owner, "30000",
