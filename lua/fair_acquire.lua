@@ -13,13 +13,15 @@
 -- KEYS[4] alive    ZSET waiter id -> lease end (server ms)
 -- KEYS[5] events   the shard's stream or channel
 -- KEYS[6] seq      the shard's event counter
--- KEYS[7] bids     HASH waiter id -> "<lease ms>|<owner id>" (see lib/fair.lua)
+-- KEYS[7] bids     HASH waiter id -> "<lease ms>|<inbox tag>|<owner id>" (see lib/fair.lua)
 -- ARGV[1] owner id
 -- ARGV[2] lease in ms (> 0)
 -- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
 -- ARGV[4] waiter id of this acquisition (unique per acquisition)
 -- ARGV[5] waiter lease in ms; 0 for a try that must not join the queue
 -- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
+-- ARGV[9] the inbox tag of this acquisition's client: a grant is sent to that client alone
+--         (lib/fair.lua); "" or missing: to the shard's events key
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {1, fencing token, hold count, remaining ms} when a release had already granted the
@@ -60,7 +62,7 @@ if evicted > 0 and not current and head then
 end
 
 if waiter_lease > 0 then
-  fl_enqueue(queue, alive, id, now, waiter_lease, bids, fl_bid(lease, owner))
+  fl_enqueue(queue, alive, id, now, waiter_lease, bids, fl_bid(lease, ARGV[9] or '', owner))
 end
 
 -- Wait at most until the holder's lease ends, or (free but reserved) the head's waiter lease.

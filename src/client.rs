@@ -63,6 +63,8 @@ pub(crate) struct Core {
     pub(crate) keyspace: Keyspace,
     /// Redis Cluster 7+: scripts publish with `SPUBLISH` in Pub/Sub mode.
     pub(crate) sharded_pubsub: bool,
+    /// Names this client's inboxes ([`Keyspace::inbox`]): random, 16 hex digits.
+    pub(crate) inbox_tag: Arc<str>,
     pub(crate) holds: HoldRegistry,
     pub(crate) waiters: Arc<WaiterTable>,
     pub(crate) queued: QueuedWaiters,
@@ -340,11 +342,13 @@ impl LockClient {
         };
 
         let waiters = WaiterTable::new();
+        let inbox_tag: Arc<str> = uuid::Uuid::new_v4().simple().to_string()[..16].into();
         let core = Arc::new(Core {
             redis: command,
             config: config.clone(),
             keyspace: keyspace.clone(),
             sharded_pubsub,
+            inbox_tag: inbox_tag.clone(),
             holds: HoldRegistry::default(),
             waiters: waiters.clone(),
             queued: QueuedWaiters::default(),
@@ -367,6 +371,7 @@ impl LockClient {
                 keyspace: keyspace.clone(),
                 shards: reader_shards(&keyspace, notifiers.len(), i),
                 sharded_pubsub,
+                inbox_tag: inbox_tag.clone(),
                 waiters: waiters.clone(),
                 config: config.clone(),
                 shutdown: shutdown_rx.clone(),
@@ -589,7 +594,7 @@ pub struct ClientStats {
 async fn check_layout(redis: &Client, keyspace: &Keyspace, config: &Config) -> Result<()> {
     let key = keyspace.layout();
     let ours = format!(
-        "v4 shards={} notification={}",
+        "v5 shards={} notification={}",
         keyspace.shards(),
         config.notification.as_str()
     );

@@ -12,6 +12,7 @@
 //! {fredlock:7}:events                the shard's event stream / channel (Redis Cluster)
 //! {fredlock:7}:seq                   the shard's event counter (gap detection)
 //! {fredlock:events}, {fredlock:events}:seq   the one stream and counter of a single Redis
+//! <events key>:to:<client tag>       one client's inbox: the fair grants for its waiters
 //! ```
 //!
 //! The role (`mutex`, `mutex.fence`, ...) always stands before the name, so no lock name can
@@ -116,6 +117,13 @@ impl Keyspace {
         } else {
             format!("{{{}:events}}:seq", self.prefix)
         }
+    }
+
+    /// The inbox (stream or channel) beside event stream `n` of the client with this tag: the
+    /// fair grants for that client's waiters go there alone (`lua/lib/notify.lua`,
+    /// `fl_emit_direct`, which builds the same name).
+    pub(crate) fn inbox(&self, n: u16, tag: &str) -> String {
+        format!("{}:to:{tag}", self.events(n))
     }
 
     /// Where the layout (shards, notification mode) of this prefix is recorded.

@@ -570,6 +570,7 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
             "stream",
             "1000",
             "fair:x",
+            &format!("in-{owner}"),
         ]))
     };
     let give_back = |owner: &str, token: &str, op: &str| {
@@ -585,14 +586,16 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
         ]))
     };
     let field = |name: &str| server.cmd(&["HGET", hold, name]).as_str();
-    let last_event = || server.last_event(events);
+    // Grants go to the inbox of the head's client alone (the bid's tag, "in-<owner>" here).
+    let inbox = |owner: &str| format!("{events}:to:in-{owner}");
+    let last_grant = |owner: &str| server.last_event(&inbox(owner));
 
     assert_eq!(try_take("a", "a-take", "wa", "3000"), vec![1, 1, 1]);
     let busy = try_take("b", "b-try", "wb", "3000");
     assert_eq!((busy.len(), busy[0]), (3, 0), "b queues: {busy:?}");
     assert_eq!(
         server.cmd(&["HGET", bids, "wb"]).as_str().as_deref(),
-        Some("30000|b")
+        Some("30000|in-b|b")
     );
 
     // a's release grants the lock to b, the head: b's owner, b's waiter id, token 2, and no
@@ -606,8 +609,15 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
     assert!(lasts > 0 && lasts <= 3000, "granted for {lasts} ms");
     assert_eq!(server.cmd(&["LLEN", queue]).as_int(), 0);
     assert_eq!(server.cmd(&["EXISTS", alive, bids]).as_int(), 0);
-    let (rule, target) = last_event();
+    let (rule, target) = last_grant("b");
     assert_eq!(rule, "grant");
+    assert_eq!(
+        server.cmd(&["XLEN", events]).as_int(),
+        0,
+        "nothing on the stream every process reads"
+    );
+    let inbox_ttl = server.cmd(&["PTTL", &inbox("b")]).as_int();
+    assert!(inbox_ttl > 0 && inbox_ttl <= 300_000, "{inbox_ttl}");
     let parts: Vec<&str> = target.split(',').collect();
     assert_eq!(
         (parts.len(), parts[0], parts[1]),
@@ -647,6 +657,25 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
     let lasts = server.cmd(&["PTTL", hold]).as_int();
     assert!(lasts > 0 && lasts <= 200, "granted for {lasts} ms");
     assert_eq!(server.cmd(&["EXISTS", queue, alive, bids]).as_int(), 0);
+    assert_eq!(last_grant("e").0, "grant");
+    assert_eq!(give_back("e", "5", "e-release"), vec![1, 0]);
+
+    // A foreign value under the head's inbox is left alone, and the grant goes to the shared
+    // stream instead: nothing is lost.
+    server.cmd(&["SET", &inbox("g"), "foreign"]);
+    assert_eq!(try_take("f", "f-take", "wf", "3000")[0], 1);
+    assert_eq!(try_take("g", "g-try", "wg", "3000")[0], 0);
+    assert_eq!(give_back("f", "6", "f-release"), vec![1, 0]);
+    assert_eq!(field("o").as_deref(), Some("g"));
+    let (rule, target) = server.last_event(events);
+    assert_eq!(
+        (rule.as_str(), target.split(',').next()),
+        ("grant", Some("wg"))
+    );
+    assert_eq!(
+        server.cmd(&["GET", &inbox("g")]).as_str().as_deref(),
+        Some("foreign")
+    );
 }
 
 /// In a real client, a queued waiter's `lock()` returns on the grant event alone: its client
@@ -709,6 +738,23 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
                 (1, 1),
                 "{mode:?} {lease:?}"
             );
+            // The grant went to the waiter client's inbox, not to the stream or channel that
+            // every process reads (in Pub/Sub mode, `granted` above shows it arrived there).
+            let events = format!("{{{prefix}:events}}");
+            let inboxes = format!("{events}:to:*");
+            if mode == NotificationMode::Stream {
+                let shared = server.cmd(&["XRANGE", &events, "-", "+"]);
+                assert!(!format!("{shared:?}").contains("|grant|"), "{shared:?}");
+                let found = server.cmd(&["KEYS", &inboxes]).as_array();
+                let granted_here = found
+                    .iter()
+                    .filter_map(Resp::as_str)
+                    .any(|inbox| server.last_event(&inbox).0 == "grant");
+                assert!(granted_here, "no inbox holds the grant: {found:?}");
+            } else {
+                let listening = server.cmd(&["PUBSUB", "CHANNELS", &inboxes]).as_array();
+                assert!(listening.len() >= 2, "each client listens: {listening:?}");
+            }
             // Topped up from at most the waiter lease (9 s: the clients' first heartbeat, at 3 s,
             // comes long after this hand-off, so nothing but the grant wakes the waiter) to the
             // 60 s lease, a third into the grant.

@@ -4,8 +4,10 @@
 -- Direct hand-off. A release does not just wake the head of the queue and leave the lock free
 -- for it (which costs the head one more round trip: event, then its own acquire script); it
 -- *grants* the lock to the head: the hold is taken in the head's name with the head's op id
--- (its waiter id, field r), and one `grant` event tells the head's process the token. The head
--- returns from its wait without another script call.
+-- (its waiter id, field r), and one `grant` event tells the head's client the token. The head
+-- returns from its wait without another script call. The event goes to the inbox of the head's
+-- client alone (fl_emit_direct in lib/notify.lua; the client's tag is part of the bid), so the
+-- readers of the other processes are not woken by it.
 --
 -- A granted hold lasts min(the head's requested lease, what is left of its waiter lease): a
 -- head that died just before the grant stalls the queue no longer than its waiter lease would
@@ -15,20 +17,24 @@
 -- is answered "acquired" (fair_acquire.lua); if the head gave up meanwhile, fair_leave.lua
 -- frees the hold it never took up.
 --
--- fl_bid(lease, owner)        -> the bid string a waiter records: "<lease ms>|<owner id>"
+-- fl_bid(lease, inbox, owner) -> the bid string a waiter records:
+--   "<lease ms>|<inbox tag>|<owner id>"; the tag names the waiter's client (hex, "" for none:
+--   its grant then goes to the shard's events key like every other event)
 -- fl_peek_head(queue, alive, bids, now) -> {head, expiry, bid} of the queue's first waiter
 --   when it is live, {} when the queue is empty, nil when the head is dead (eviction needed).
 --   Reads only (LINDEX, ZSCORE, HGET: typed reads, so each key's type is checked by them).
 -- fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id,
 --               freed_by, peek)
 --   On a free lock: evicts dead heads, grants the lock to the first live waiter and emits one
---   `grant` event, target "<waiter id>,<token>,<server ms of the grant>,<ms the hold lasts>".
+--   `grant` event, target "<waiter id>,<token>,<server ms of the grant>,<ms the hold lasts>",
+--   into the inbox of the head's client (to `events` when the bid names none, or when the
+--   inbox key holds a foreign value).
 --   freed_by: the op id of the release that freed the lock, kept as x (nil: none). A head
 --   without a bid is only named (rule `name`; it takes the lock with its own script). peek
 --   (optional): fl_peek_head's answer, read earlier in the same script; a live head it names is
 --   not read again. Returns true when it granted the lock.
-local function fl_bid(lease, owner)
-  return lease .. '|' .. owner
+local function fl_bid(lease, inbox, owner)
+  return lease .. '|' .. inbox .. '|' .. owner
 end
 
 local function fl_peek_head(queue, alive, bids, now)
@@ -65,14 +71,20 @@ local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, 
   end
   local sep = string.find(bid, '|', 1, true)
   local lease = tonumber(string.sub(bid, 1, sep - 1))
-  local owner = string.sub(bid, sep + 1)
+  local tag_end = string.find(bid, '|', sep + 1, true) or sep
+  local inbox = string.sub(bid, sep + 1, tag_end - 1)
+  local owner = string.sub(bid, tag_end + 1)
   local lasts = expiry - now
   if lease < lasts then
     lasts = lease
   end
   fl_dequeue(queue, alive, head, bids)
   local token = fl_take(hold, fence, owner, head, lasts, freed_by)[2]
-  fl_emit(events, seq, mode, maxlen, lock_id, 'grant',
-    head .. ',' .. token .. ',' .. now .. ',' .. lasts)
+  local target = head .. ',' .. token .. ',' .. now .. ',' .. lasts
+  local sent = inbox ~= ''
+    and fl_emit_direct(events .. ':to:' .. inbox, mode, lock_id, 'grant', target)
+  if not sent then
+    fl_emit(events, seq, mode, maxlen, lock_id, 'grant', target)
+  end
   return true
 end

@@ -16,6 +16,17 @@
 -- The event is one string "seq|rule|target|lock_id" (the lock id last: it may contain "|"):
 -- the only field, "e", of a stream entry, or the pub/sub message.
 -- Returns nothing. Uses INCR, XADD MAXLEN ~, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
+--
+-- fl_emit_direct(inbox, mode, lock_id, rule, target) -> true, or false when nothing was sent
+--   An event for the waiters of ONE client (a fair grant): into that client's inbox, the
+--   stream or channel "<events key>:to:<client tag>" (same hash tag as the shard's events
+--   key), which only that client reads. Every other process's reader stays asleep. Its
+--   sequence number is 0: an inbox has no gap check (a grant that never arrives is found by
+--   the client's heartbeat or next attempt, see lib/fair.lua). In Stream mode the inbox is
+--   capped (MAXLEN ~ 100) and expires 5 minutes after its last event, so the inboxes of
+--   clients that are gone disappear. A foreign value under the inbox key is left alone and
+--   the function returns false: the caller then emits on the shard's events key instead.
+--   Uses XADD, PEXPIRE, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
 local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
   local seq = redis.call('INCR', seq_key)
   local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
@@ -28,4 +39,20 @@ local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
       redis.call('PUBLISH', events_key, payload)
     end
   end
+end
+
+local function fl_emit_direct(inbox, mode, lock_id, rule, target)
+  local payload = '0|' .. rule .. '|' .. target .. '|' .. lock_id
+  if mode == 'stream' then
+    local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', 100, '*', 'e', payload)
+    if type(added) == 'table' and added.err then
+      return false
+    end
+    redis.call('PEXPIRE', inbox, 300000)
+  elseif mode == 'spubsub' then
+    redis.call('SPUBLISH', inbox, payload)
+  else
+    redis.call('PUBLISH', inbox, payload)
+  end
+  return true
 end

@@ -3,7 +3,7 @@
 --
 -- A queue is a LIST of waiter ids in enqueue order (the acquisition order), a ZSET `alive`
 -- mapping each waiter id to the server time (ms) when its waiter lease ends, and (fair lock
--- only) a HASH `bids` mapping each waiter id to what it asks for, "<lease ms>|<owner id>", so
+-- only) a HASH `bids` mapping each waiter id to what it asks for (see fl_bid in lib/fair.lua), so
 -- that a release can hand the lock to the head directly (lib/fair.lua). Waiters' clients push
 -- the lease forward with batched heartbeats; a waiter whose lease has passed is dead and is
 -- evicted when it reaches the head. The read-write lock never records bids (its scripts pass

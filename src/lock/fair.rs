@@ -3,7 +3,8 @@
 //! Waiters queue in Redis (`lua/lib/queue.lua`): a LIST gives the order, a ZSET of waiter
 //! leases tells the living from the dead, a HASH of bids says what each waiter asks for. The
 //! lock goes to the first live waiter: a release *grants* it to that waiter (takes the hold in
-//! its name) and names it in a `grant` event, so only it wakes, and its `lock()` returns
+//! its name) and names it in a `grant` event sent to the inbox of the waiter's client alone
+//! (the bid carries the client's inbox tag), so only it wakes, and its `lock()` returns
 //! without another script call (`lua/lib/fair.lua`, the engine's grant path). Waiters keep
 //! their place alive through the client's batched heartbeat ([`crate::queue`]) and leave it
 //! on timeout or cancellation (freeing a grant they never took up).
@@ -84,6 +85,7 @@ impl Driver for FairDriver {
                 waiter_lease.into(),
             ];
             args.extend(core.event_args(&self.keys));
+            args.push(core.inbox_tag.as_ref().into());
             let mut keys = self.queue.handoff(&self.keys);
             keys.insert(1, self.fence.clone()); // hold, fence, queue, alive, events, seq, bids
             let script: &Script = &SCRIPTS.fair_acquire;

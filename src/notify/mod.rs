@@ -571,6 +571,8 @@ pub(crate) struct Reader {
     pub(crate) shards: Vec<u16>,
     /// Subscribe with `SSUBSCRIBE` (Redis Cluster) instead of `SUBSCRIBE`.
     pub(crate) sharded_pubsub: bool,
+    /// This client's inbox tag: the reader also reads the client's inbox of each of its shards.
+    pub(crate) inbox_tag: Arc<str>,
     pub(crate) waiters: Arc<WaiterTable>,
     pub(crate) config: crate::config::Config,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
@@ -585,7 +587,17 @@ impl Reader {
             .collect()
     }
 
-    /// Maps an event key back to its shard number.
+    /// This client's inboxes (streams or channels) on this reader's shards, in the order of
+    /// `shards`: the fair grants for its waiters, sent to it alone.
+    pub(crate) fn inbox_keys(&self) -> Vec<String> {
+        self.shards
+            .iter()
+            .map(|&shard| self.keyspace.inbox(shard, &self.inbox_tag))
+            .collect()
+    }
+
+    /// Maps an event key back to its shard number (inboxes are not in it: they have no
+    /// sequence to check).
     pub(crate) fn shard_of_key(&self) -> std::collections::HashMap<String, usize> {
         self.shards
             .iter()

@@ -5,6 +5,9 @@
 //! resubscription, which can stop silently when its buffer overflows) and then wakes every
 //! local waiter to re-check. A lagging receiver (fred's broadcast buffer overflowed) and a
 //! jump in a shard's sequence numbers do the same.
+//!
+//! The reader also subscribes to this client's inbox channel of each shard (fair grants sent
+//! to this client alone, see `lua/lib/notify.lua`); their messages carry no sequence number.
 
 use std::collections::HashMap;
 
@@ -17,7 +20,8 @@ use crate::error::{Error, Result};
 
 /// Subscribes to every shard channel and spawns the reader.
 pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
-    let channels = reader.event_keys();
+    let mut channels = reader.event_keys();
+    channels.extend(reader.inbox_keys());
     let messages = reader.client.message_rx();
     let reconnects = reader.client.reconnect_rx();
     subscribe(&reader, &channels).await?;
@@ -57,13 +61,17 @@ async fn run(
         tokio::select! {
             message = messages.recv() => match message {
                 Ok(message) => {
-                    let Some(&shard) = shard_of.get(&*message.channel) else { continue };
+                    let shard = shard_of.get(&*message.channel).copied();
+                    if shard.is_none() && !channels.iter().any(|c| *c == *message.channel) {
+                        continue;
+                    }
                     let Some(event) = message.value.as_string().as_deref().and_then(Event::from_payload) else {
                         tracing::warn!(channel = &*message.channel, "malformed event; waiters re-check");
                         reader.waiters.wake_all("malformed event");
                         continue;
                     };
-                    if seq.gap(shard, event.seq) {
+                    // An inbox message (no shard) carries no sequence number.
+                    if shard.is_some_and(|shard| seq.gap(shard, event.seq)) {
                         reader.waiters.wake_all("pub/sub gap");
                     }
                     reader.waiters.dispatch(&event.lock_id, &event.rule);

@@ -5,6 +5,10 @@
 //! an entry that exists, across any number of reconnects. If entries were trimmed before it
 //! read them (a reader further behind than `stream_max_len`), the per-shard sequence numbers
 //! show the gap and every local waiter re-checks.
+//!
+//! The same `XREAD` also reads this client's inbox of each shard (fair grants sent to this
+//! client alone, see `lua/lib/notify.lua`). Its tag is new with the client, so its inboxes
+//! start empty and are read from `0-0`; an inbox has no sequence numbers to check.
 
 use std::collections::HashMap;
 
@@ -21,10 +25,14 @@ const BATCH: u64 = 512;
 
 /// Takes the start position of every stream and spawns the reader.
 pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
-    let keys = reader.event_keys();
-    let mut ids = Vec::with_capacity(keys.len());
+    let mut keys = reader.event_keys();
+    let mut ids = Vec::with_capacity(keys.len() * 2);
     for key in &keys {
         ids.push(last_id(&reader.client, key).await?);
+    }
+    for inbox in reader.inbox_keys() {
+        keys.push(inbox);
+        ids.push("0-0".to_owned());
     }
     spawn_reconnect_watch(&reader);
     Ok(tokio::spawn(run(reader, keys, ids)))
@@ -102,17 +110,20 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                 failures = 0;
                 let mut gap = false;
                 for (key, entries) in streams(value) {
-                    let (Some(&shard), Some(&slot)) = (shard_of.get(&key), position.get(&key))
-                    else {
+                    let Some(&slot) = position.get(&key) else {
                         continue;
                     };
+                    // None: an inbox, whose events carry no sequence number.
+                    let shard = shard_of.get(&key).copied();
                     for (id, event) in entries {
                         ids[slot] = id;
                         let Some(event) = event else {
                             gap = true;
                             continue;
                         };
-                        gap |= seq.gap(shard, event.seq);
+                        if let Some(shard) = shard {
+                            gap |= seq.gap(shard, event.seq);
+                        }
                         reader.waiters.dispatch(&event.lock_id, &event.rule);
                     }
                 }
