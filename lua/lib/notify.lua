@@ -20,13 +20,14 @@
 -- fl_emit_direct(inbox, mode, lock_id, rule, target) -> true, or false when nothing was sent
 --   An event for the waiters of ONE client (a fair grant): into that client's inbox, the
 --   stream or channel "<events key>:to:<client tag>" (same hash tag as the shard's events
---   key), which only that client reads. Every other process's reader stays asleep. Its
---   sequence number is 0: an inbox has no gap check (a grant that never arrives is found by
---   the client's heartbeat or next attempt, see lib/fair.lua). In Stream mode the inbox is
---   capped (MAXLEN ~ 100) and expires 5 minutes after its last event, so the inboxes of
---   clients that are gone disappear. A foreign value under the inbox key is left alone and
---   the function returns false: the caller then emits on the shard's events key instead.
---   Uses XADD, PEXPIRE, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
+--   key), which only that client reads. Every other process's reader stays asleep. The inbox
+--   numbers its events itself, with the counter "<inbox>:seq", so that its reader sees a gap
+--   as on a shard's stream. In Stream mode the inbox is capped (MAXLEN ~ 100); the inbox and
+--   its counter expire 5 minutes after the last event, so the inboxes of clients that are
+--   gone disappear (a counter that expired starts again at 1, which readers accept). A
+--   foreign value under either key is left alone and the function returns false: the caller
+--   then emits on the shard's events key instead.
+--   Uses INCR, XADD, PEXPIRE, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
 local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
   local seq = redis.call('INCR', seq_key)
   local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
@@ -42,7 +43,13 @@ local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
 end
 
 local function fl_emit_direct(inbox, mode, lock_id, rule, target)
-  local payload = '0|' .. rule .. '|' .. target .. '|' .. lock_id
+  local counter = inbox .. ':seq'
+  local seq = redis.pcall('INCR', counter)
+  if type(seq) == 'table' then
+    return false
+  end
+  redis.call('PEXPIRE', counter, 300000)
+  local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
   if mode == 'stream' then
     local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', 100, '*', 'e', payload)
     if type(added) == 'table' and added.err then

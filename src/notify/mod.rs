@@ -205,6 +205,51 @@ impl Event {
     }
 }
 
+/// Where an event was read: a shard's stream or channel, or this client's inbox beside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The shared events key of this shard; its events carry the shard's sequence numbers.
+    Shard(usize),
+    /// This client's inbox of the reader's n-th shard; its events carry the inbox's own
+    /// sequence numbers (`fl_emit_direct` in `lua/lib/notify.lua`).
+    Inbox(usize),
+}
+
+/// The sequence numbers a reader checks: one series per shard, one per inbox.
+#[derive(Debug)]
+pub(crate) struct Sequences {
+    shards: SeqTracker,
+    inboxes: SeqTracker,
+}
+
+impl Sequences {
+    pub(crate) fn new(reader: &Reader) -> Self {
+        Sequences {
+            shards: SeqTracker::new(reader.keyspace.event_shards()),
+            // The inboxes are as new as the client: the first event of each is number 1, so a
+            // lost first grant shows as a gap too.
+            inboxes: SeqTracker {
+                last: vec![Some(0); reader.shards.len()],
+            },
+        }
+    }
+
+    /// Records `seq` read from `source`; true when events of that source were missed.
+    pub(crate) fn gap(&mut self, source: Source, seq: u64) -> bool {
+        match source {
+            Source::Shard(shard) => self.shards.gap(shard, seq),
+            // An inbox counter that expired (no grant for 5 minutes) starts again at 1.
+            Source::Inbox(inbox) => self.inboxes.gap(inbox, seq) && seq != 1,
+        }
+    }
+
+    /// Forgets every position (after a reconnect in pub/sub mode, where gaps are expected).
+    pub(crate) fn reset(&mut self) {
+        self.shards.reset();
+        self.inboxes.reset();
+    }
+}
+
 /// Tracks the event sequence of each shard and reports gaps.
 #[derive(Debug, Default)]
 pub(crate) struct SeqTracker {
@@ -596,13 +641,20 @@ impl Reader {
             .collect()
     }
 
-    /// Maps an event key back to its shard number (inboxes are not in it: they have no
-    /// sequence to check).
-    pub(crate) fn shard_of_key(&self) -> std::collections::HashMap<String, usize> {
-        self.shards
-            .iter()
-            .map(|&shard| (self.keyspace.events(shard), usize::from(shard)))
-            .collect()
+    /// Maps every key (stream or channel) this reader reads to where its events come from.
+    pub(crate) fn sources(&self) -> std::collections::HashMap<String, Source> {
+        let shards = self.shards.iter().map(|&shard| {
+            (
+                self.keyspace.events(shard),
+                Source::Shard(usize::from(shard)),
+            )
+        });
+        let inboxes = self
+            .inbox_keys()
+            .into_iter()
+            .enumerate()
+            .map(|(n, inbox)| (inbox, Source::Inbox(n)));
+        shards.chain(inboxes).collect()
     }
 }
 
@@ -768,6 +820,30 @@ mod tests {
         assert!(seq.gap(0, 8));
         assert!(!seq.gap(1, 1));
         assert!(!seq.gap(9, 1), "unknown shard is ignored");
+    }
+
+    #[test]
+    fn inbox_sequences_start_at_one_and_may_restart() {
+        let mut seq = Sequences {
+            shards: SeqTracker::new(1),
+            inboxes: SeqTracker {
+                last: vec![Some(0); 2],
+            },
+        };
+        assert!(!seq.gap(Source::Inbox(0), 1));
+        assert!(!seq.gap(Source::Inbox(0), 2));
+        assert!(seq.gap(Source::Inbox(0), 4), "grant 3 was missed");
+        assert!(seq.gap(Source::Inbox(1), 2), "the first grant was missed");
+        assert!(
+            !seq.gap(Source::Inbox(0), 1),
+            "an expired counter starts again"
+        );
+        assert!(!seq.gap(Source::Shard(0), 9), "shards are tracked apart");
+        seq.reset();
+        assert!(
+            !seq.gap(Source::Inbox(1), 7),
+            "after a reset any number is accepted"
+        );
     }
 
     #[tokio::test]

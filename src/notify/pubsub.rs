@@ -7,7 +7,7 @@
 //! jump in a shard's sequence numbers do the same.
 //!
 //! The reader also subscribes to this client's inbox channel of each shard (fair grants sent
-//! to this client alone, see `lua/lib/notify.lua`); their messages carry no sequence number.
+//! to this client alone, see `lua/lib/notify.lua`); each inbox numbers its messages itself.
 
 use std::collections::HashMap;
 
@@ -15,7 +15,7 @@ use fred::interfaces::{EventInterface, PubsubInterface};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 
-use super::{Event, Reader, SeqTracker};
+use super::{Event, Reader, Sequences, Source};
 use crate::error::{Error, Result};
 
 /// Subscribes to every shard channel and spawns the reader.
@@ -55,23 +55,19 @@ async fn run(
     mut messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
     mut reconnects: tokio::sync::broadcast::Receiver<fred::types::config::Server>,
 ) {
-    let shard_of: HashMap<String, usize> = reader.shard_of_key();
-    let mut seq = SeqTracker::new(reader.keyspace.event_shards());
+    let sources: HashMap<String, Source> = reader.sources();
+    let mut seq = Sequences::new(&reader);
     loop {
         tokio::select! {
             message = messages.recv() => match message {
                 Ok(message) => {
-                    let shard = shard_of.get(&*message.channel).copied();
-                    if shard.is_none() && !channels.iter().any(|c| *c == *message.channel) {
-                        continue;
-                    }
+                    let Some(&source) = sources.get(&*message.channel) else { continue };
                     let Some(event) = message.value.as_string().as_deref().and_then(Event::from_payload) else {
                         tracing::warn!(channel = &*message.channel, "malformed event; waiters re-check");
                         reader.waiters.wake_all("malformed event");
                         continue;
                     };
-                    // An inbox message (no shard) carries no sequence number.
-                    if shard.is_some_and(|shard| seq.gap(shard, event.seq)) {
+                    if seq.gap(source, event.seq) {
                         reader.waiters.wake_all("pub/sub gap");
                     }
                     reader.waiters.dispatch(&event.lock_id, &event.rule);

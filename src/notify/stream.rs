@@ -8,7 +8,8 @@
 //!
 //! The same `XREAD` also reads this client's inbox of each shard (fair grants sent to this
 //! client alone, see `lua/lib/notify.lua`). Its tag is new with the client, so its inboxes
-//! start empty and are read from `0-0`; an inbox has no sequence numbers to check.
+//! start empty and are read from `0-0`; each inbox numbers its events itself, and a gap there
+//! (an inbox trimmed or deleted before it was read) also makes every local waiter re-check.
 
 use std::collections::HashMap;
 
@@ -18,7 +19,7 @@ use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::task::JoinHandle;
 
-use super::{backoff, Event, Reader, SeqTracker};
+use super::{backoff, Event, Reader, Sequences};
 use crate::error::{Error, Result};
 
 const BATCH: u64 = 512;
@@ -80,13 +81,13 @@ fn spawn_reconnect_watch(reader: &Reader) {
 }
 
 async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
-    let shard_of = reader.shard_of_key();
+    let sources = reader.sources();
     let position: HashMap<String, usize> = keys
         .iter()
         .enumerate()
         .map(|(i, key)| (key.clone(), i))
         .collect();
-    let mut seq = SeqTracker::new(reader.keyspace.event_shards());
+    let mut seq = Sequences::new(&reader);
     let block = reader.config.notifier_block;
     let options = Options {
         timeout: Some(block + reader.config.command_timeout),
@@ -113,17 +114,16 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                     let Some(&slot) = position.get(&key) else {
                         continue;
                     };
-                    // None: an inbox, whose events carry no sequence number.
-                    let shard = shard_of.get(&key).copied();
+                    let Some(&source) = sources.get(&key) else {
+                        continue;
+                    };
                     for (id, event) in entries {
                         ids[slot] = id;
                         let Some(event) = event else {
                             gap = true;
                             continue;
                         };
-                        if let Some(shard) = shard {
-                            gap |= seq.gap(shard, event.seq);
-                        }
+                        gap |= seq.gap(source, event.seq);
                         reader.waiters.dispatch(&event.lock_id, &event.rule);
                     }
                 }
