@@ -25,11 +25,12 @@ local granted = redis.call('HMGET', hold, 'o', 'r', 'x')
 local was_queued = redis.call('ZSCORE', KEYS[3], id) ~= false
 local was_head = fl_leave(KEYS[2], KEYS[3], id, KEYS[6])
 if granted[1] and granted[2] == id then
-  -- Keep the tombstone of the release that granted it, so its retries are still answered.
+  -- Keep the ids of the release that granted it and of those before (x, see lib/hold.lua) as
+  -- a tombstone, so that their retries are still answered.
   local ttl = redis.call('PTTL', hold)
   redis.call('DEL', hold)
   if granted[3] and ttl > 0 then
-    redis.call('HSET', hold, 'r', granted[3])
+    redis.call('HSET', hold, 'x', granted[3])
     redis.call('PEXPIRE', hold, ttl)
   end
   was_queued, was_head = true, true

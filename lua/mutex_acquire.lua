@@ -27,7 +27,7 @@
 local hold, fence, waiters = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 
-local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c')
+local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c', 'x')
 local current = fields[1]
 if current and ARGV[6] ~= '' and fields[2] == ARGV[6] then
   return {1, tonumber(fields[3]), tonumber(fields[4]), redis.call('PTTL', hold)}
@@ -38,7 +38,7 @@ if not current then
     fl_expect(waiters, 'string')
     redis.call('SET', waiters, '1', 'PX', lease + grace)
   end
-  return fl_take(hold, fence, owner, op, lease, fields[2])
+  return fl_take(hold, fence, owner, op, lease, fl_tomb_chain(fields[2], fields[5]))
 end
 if current == owner then
   return fl_reenter(hold, owner, op, lease)

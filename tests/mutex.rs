@@ -800,6 +800,31 @@ fn a_release_resent_after_another_owner_took_the_lock_is_answered_released() {
     assert_eq!(lua.give("a", "1", "a-again", None), vec![-1, 0]);
     assert_eq!(lua.field("o").as_deref(), Some("b"));
     assert_eq!(lua.give("b", "2", "b-release", None), vec![1, 0]);
+
+    // The re-send takes a reconnect; hand-offs are faster. After several owners took and freed
+    // the lock meanwhile (freed, handed over, freed...), each of the last 8 releases that freed
+    // it is still answered "released", and the holder is unharmed; older ones are not.
+    let mut handed = None;
+    for n in 0..10 {
+        let (owner, next) = (format!("o{n}"), format!("o{}", n + 1));
+        let token = match handed.take() {
+            Some(token) => token,
+            None => lua.take(&owner, &format!("{owner}-take"), "")[1],
+        };
+        let to = (n % 2 == 0).then_some((next.as_str(), "w"));
+        let given = lua.give(&owner, &token.to_string(), &format!("{owner}-release"), to);
+        assert_eq!(given[..2], [1, 0], "{owner}");
+        handed = given.get(2).copied();
+    }
+    assert_eq!(lua.take("last", "last-take", "")[0], 1);
+    let holder = lua.field("o");
+    for n in 0..10 {
+        let (owner, release) = (format!("o{n}"), format!("o{n}-release"));
+        let resent = lua.give(&owner, "0", &release, None);
+        let expected = if n >= 2 { vec![1, 0] } else { vec![-1, 0] };
+        assert_eq!(resent, expected, "{release}");
+    }
+    assert_eq!(lua.field("o"), holder, "the holder is unharmed");
 }
 
 /// The hand-over protocol at the Lua level (`lua/mutex_release.lua`): a release that frees the

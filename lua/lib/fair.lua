@@ -29,7 +29,8 @@
 --   `grant` event, target "<waiter id>,<token>,<server ms of the grant>,<ms the hold lasts>",
 --   into the inbox of the head's client (to `events` when the bid names none, or when the
 --   inbox key holds a foreign value).
---   freed_by: the op id of the release that freed the lock, kept as x (nil: none). A head
+--   freed_by: the x the granted hold keeps (the ids of the releases that freed the lock, see
+--   lib/hold.lua; nil: read from the tombstone, if any). A head
 --   without a bid is only named (rule `name`; it takes the lock with its own script). peek
 --   (optional): fl_peek_head's answer, read earlier in the same script; a live head it names is
 --   not read again. Returns true when it granted the lock.

@@ -2,17 +2,22 @@
 -- by src/scripts.rs. Not a script of its own.
 --
 -- A hold is a hash {o = owner id, c = hold count, f = fencing token, r = last op id, and
--- x = the op id of the release that freed the lock before this hold, if any}. After the last
--- release the hash is replaced by a tombstone {r} that lives a few seconds, so that a retried
--- release (same op id) is still answered "released"; the next take keeps that op id as x, so a
--- release re-sent after another owner already took the lock (the client re-sends commands of a
--- broken connection) is still answered "released", not "held by another". The fencing counter
--- is a separate key that never expires.
+-- x = the op ids of the latest releases that freed the lock before this hold, newest first,
+-- at most 8, joined by ","}. After the last release the hash is replaced by a tombstone
+-- {r, x} that lives a few seconds, so that a retried release (same op id) is still answered
+-- "released"; the next take keeps r and x as its x. So a release re-sent after other owners
+-- already took (and freed) the lock meanwhile (the client re-sends the commands of a broken
+-- connection, which takes a reconnect: hand-offs are faster) is still answered "released",
+-- not "held by another", across up to 8 hand-offs. The fencing counter is a separate key that
+-- never expires.
 --
+-- fl_freed_chain(op, older)  -> op followed by the ids of the list older (or false), at most 8
+-- fl_tomb_chain(r, x)        -> the x a take keeps from a tombstone {r, x}: false for none
 -- fl_take(hold, fence, owner, op, lease, freed_by) -> {1, token, 1}
---   Takes a free hold for owner with a new fencing token and a lease in ms. freed_by: the op id
---   of the release that freed it, false for none (nil: read it from the tombstone, if any). The hash is written
---   over, not deleted first: a free hold is missing or a tombstone with only r.
+--   Takes a free hold for owner with a new fencing token and a lease in ms. freed_by: the x to
+--   keep (the ids of the releases that freed it), false for none (nil: read it from the
+--   tombstone, if any). The hash is written over, not deleted first: a free hold is missing or
+--   a tombstone with only r and x.
 -- fl_reenter(hold, owner, op, lease)              -> {1, token, count}
 --   Adds one level of re-entry (owner must hold it); a retried op is answered, not re-applied;
 --   the lease is raised to `lease` if it is shorter.
@@ -22,17 +27,40 @@
 --   prepare (optional): called only when the release will free the lock, before its first
 --   write, so it can read (and type-check) the keys hand_over will write; its result is passed
 --   to hand_over.
---   hand_over (optional): called with op (and prepare's result) once the hold is deleted; when
---   it returns true it took the hold over for someone else (keeping op as x), and no tombstone
---   is written.
+--   hand_over (optional): called with the x to keep (op first, fl_freed_chain) and prepare's
+--   result once the hold is deleted; when it returns true it took the hold over for someone
+--   else (keeping that x), and no tombstone is written.
 --   Its first access to the hold is HMGET, a typed read before any write: a foreign value under
 --   the hold key raises WRONGTYPE with nothing changed.
 -- fl_release_reply(status, left)                  -> the reply of a release script:
 --   {1, holds left} released, {0, 0} not held, {-1, 0} held by another owner or token.
+local function fl_freed_chain(op, older)
+  if not older then
+    return op
+  end
+  local chain = op .. ',' .. older
+  local at = 0
+  for _ = 1, 8 do
+    at = string.find(chain, ',', at + 1, true)
+    if not at then
+      return chain
+    end
+  end
+  return string.sub(chain, 1, at - 1)
+end
+
+local function fl_tomb_chain(r, x)
+  if r then
+    return fl_freed_chain(r, x)
+  end
+  return x or false
+end
+
 local function fl_take(hold, fence, owner, op, lease, freed_by)
   local token = redis.call('INCR', fence)
   if freed_by == nil then
-    freed_by = redis.call('HGET', hold, 'r')
+    local tomb = redis.call('HMGET', hold, 'r', 'x')
+    freed_by = fl_tomb_chain(tomb[1], tomb[2])
   end
   if freed_by then
     redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op, 'x', freed_by)
@@ -62,7 +90,7 @@ local function fl_release(hold, owner, token, op, all, tomb, hand_over, prepare)
   if last_op == op then
     return 'retried', count or 0
   end
-  if fields[5] == op then
+  if fields[5] and string.find(',' .. fields[5] .. ',', ',' .. op .. ',', 1, true) then
     return 'retried', 0
   end
   if not current then
@@ -78,8 +106,12 @@ local function fl_release(hold, owner, token, op, all, tomb, hand_over, prepare)
   local prepared = prepare and prepare()
   -- DEL first: it is never refused under maxmemory, so a release always frees the lock.
   redis.call('DEL', hold)
-  if not (hand_over and hand_over(op, prepared)) then
-    redis.call('HSET', hold, 'r', op)
+  if not (hand_over and hand_over(fl_freed_chain(op, fields[5]), prepared)) then
+    if fields[5] then
+      redis.call('HSET', hold, 'r', op, 'x', fields[5])
+    else
+      redis.call('HSET', hold, 'r', op)
+    end
     redis.call('PEXPIRE', hold, tomb)
   end
   return 'freed', 0
