@@ -3,15 +3,17 @@
 --
 -- A hold is a hash {o = owner id, c = hold count, f = fencing token, r = last op id, and
 -- x = the op ids of the latest releases that freed the lock before this hold, newest first,
--- at most 8, joined by ","}. After the last release the hash is replaced by a tombstone
--- {r, x} that lives a few seconds, so that a retried release (same op id) is still answered
--- "released"; the next take keeps r and x as its x. So a release re-sent after other owners
--- already took (and freed) the lock meanwhile (the client re-sends the commands of a broken
--- connection, which takes a reconnect: hand-offs are faster) is still answered "released",
--- not "held by another", across up to 8 hand-offs. The fencing counter is a separate key that
--- never expires.
+-- joined by ",", as many as fit in 64 bytes (two of the crate's op ids; more would take the
+-- hash out of Redis's compact listpack encoding, which costs every take and release ~2 us)}.
+-- After the last release the hash is replaced by a tombstone {r, x} that lives a few seconds,
+-- so that a retried release (same op id) is still answered "released"; the next take keeps r
+-- and x as its x. So a release re-sent after other owners already took (and freed) the lock
+-- meanwhile (the client re-sends the commands of a broken connection, which takes a
+-- reconnect: hand-offs are faster) is still answered "released", not "held by another". The
+-- fencing counter is a separate key that never expires.
 --
--- fl_freed_chain(op, older)  -> op followed by the ids of the list older (or false), at most 8
+-- fl_freed_chain(op, older)  -> op followed by the ids of the list older (or false), as many
+--                               as fit in 64 bytes (op at least)
 -- fl_tomb_chain(r, x)        -> the x a take keeps from a tombstone {r, x}: false for none
 -- fl_take(hold, fence, owner, op, lease, freed_by) -> {1, token, 1}
 --   Takes a free hold for owner with a new fencing token and a lease in ms. freed_by: the x to
@@ -39,14 +41,17 @@ local function fl_freed_chain(op, older)
     return op
   end
   local chain = op .. ',' .. older
-  local at = 0
-  for _ = 1, 8 do
-    at = string.find(chain, ',', at + 1, true)
-    if not at then
-      return chain
-    end
+  if #chain <= 64 then
+    return chain
   end
-  return string.sub(chain, 1, at - 1)
+  local cut = string.find(chain, ',', 1, true)
+  while true do
+    local next_cut = string.find(chain, ',', cut + 1, true)
+    if not next_cut or next_cut > 65 then
+      return string.sub(chain, 1, cut - 1)
+    end
+    cut = next_cut
+  end
 end
 
 local function fl_tomb_chain(r, x)
