@@ -13,6 +13,7 @@
 //! {fredlock:7}:seq                   the shard's event counter (gap detection)
 //! {fredlock:events}, {fredlock:events}:seq   the one stream and counter of a single Redis
 //! <events key>:to:<client tag>       one client's inbox: the fair grants for its waiters
+//! <events key>:to:<client tag>:seq   that inbox's event counter (gap detection)
 //! ```
 //!
 //! The role (`mutex`, `mutex.fence`, ...) always stands before the name, so no lock name can
