@@ -1,5 +1,5 @@
 -- fair_acquire.lua: take or re-enter a fair (FIFO) reentrant lock, or join its queue.
--- Uses lib/hold.lua, lib/queue.lua, lib/notify.lua and lib/fair.lua.
+-- Uses lib/hold.lua, lib/fence.lua, lib/queue.lua, lib/notify.lua and lib/fair.lua.
 --
 -- The lock goes to the first live waiter of the queue; a newcomer gets it only when it is free
 -- and nobody is queued. Usually a release grants the lock to the head directly (lib/fair.lua);
@@ -8,7 +8,7 @@
 -- leaves a free lock with a live head, the head is told by a `name` event.
 --
 -- KEYS[1] hold     hold hash (see lib/hold.lua)
--- KEYS[2] fence    fencing counter; never expires, never reset
+-- KEYS[2] fence    the shard's fence key (see lib/fence.lua)
 -- KEYS[3] queue    LIST of waiter ids (see lib/queue.lua)
 -- KEYS[4] alive    ZSET waiter id -> lease end (server ms)
 -- KEYS[5] events   the shard's stream or channel
@@ -21,25 +21,33 @@
 -- ARGV[5] waiter lease in ms; 0 for a try that must not join the queue
 -- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
 -- ARGV[9] the inbox tag of this acquisition's client: a grant is sent to that client alone
---         (lib/fair.lua); "" or missing: to the shard's events key
+--         (lib/fair.lua); "": to the shard's events key
+-- ARGV[10] the fence argument "<0|1><layout>" (see lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {1, fencing token, hold count, remaining ms} when a release had already granted the
 --           lock to this acquisition (the hold lasts only that long until it is renewed),
---         {0, ms to wait at most before trying again, server time in ms} otherwise.
+--         {0, ms to wait at most before trying again, server time in ms} otherwise,
+--         a FLFENCE error (and no change) when the lock is free and the fence key is missing
+--         or carries another layout (lib/fence.lua).
 --
 -- Every key is type-checked before the script's first write, where it is first needed: the
 -- hold by HMGET, the queue by LINDEX and the alive set by ZSCORE (typed reads that come before
 -- any write), the bids by the first write itself (lib/queue.lua writes them before the queue
--- and the alive set), the fence and the event keys only when the lock is free (only then may
--- it take the lock or emit).
+-- and the alive set), the fence (by GET, a typed read) and the event keys only when the lock
+-- is free (only then may it take the lock or emit).
 local hold, fence, queue, alive, bids = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]
 local owner, lease, op, id, waiter_lease = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
 
 local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c')
 local current = fields[1]
+local last
 if not current then
-  fl_expect(fence, 'string')
+  local refusal
+  last, refusal = fl_fence_read(fence, ARGV[10])
+  if not last then
+    return redis.error_reply(refusal)
+  end
   fl_expect_events(KEYS[5], KEYS[6], ARGV[6])
 end
 if current and fields[2] == id then
@@ -55,14 +63,14 @@ if not current and (not head or head == id) then
   if head then
     fl_dequeue(queue, alive, id, bids)
   end
-  return fl_take(hold, fence, owner, op, lease)
+  return fl_take(hold, fl_fence_next(fence, ARGV[10], last), owner, op, lease)
 end
 if evicted > 0 and not current and head then
   fl_emit(KEYS[5], KEYS[6], ARGV[6], ARGV[7], ARGV[8], 'name', head)
 end
 
 if waiter_lease > 0 then
-  fl_enqueue(queue, alive, id, now, waiter_lease, bids, fl_bid(lease, ARGV[9] or '', owner))
+  fl_enqueue(queue, alive, id, now, waiter_lease, bids, fl_bid(lease, ARGV[9], owner))
 end
 
 -- Wait at most until the holder's lease ends, or (free but reserved) the head's waiter lease.

@@ -1,17 +1,18 @@
 -- fair_release.lua: give back one hold (or all holds) of a fair lock; grant it to the head.
--- Uses lib/hold.lua, lib/queue.lua, lib/notify.lua and lib/fair.lua.
+-- Uses lib/hold.lua, lib/fence.lua, lib/queue.lua, lib/notify.lua and lib/fair.lua.
 --
 -- KEYS[1] hold, KEYS[2] queue, KEYS[3] alive (see fair_acquire.lua)
 -- KEYS[4] events   the shard's stream or channel
 -- KEYS[5] seq      the shard's event counter
 -- KEYS[6] bids     the queued waiters' bids (see lib/fair.lua)
--- KEYS[7] fence    fencing counter (a grant takes the next token)
+-- KEYS[7] fence    the shard's fence key (a grant takes the next token, lib/fence.lua)
 -- ARGV[1] owner id
 -- ARGV[2] fencing token of the hold being released
 -- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
 -- ARGV[4] "1" to release every hold of the owner at once, "0" to release one
 -- ARGV[5] tombstone ttl in ms (see lib/hold.lua)
 -- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
+-- ARGV[9] the fence argument (lib/fence.lua)
 --
 -- When the lock becomes free, dead waiters at the head are evicted and the lock is granted to
 -- the first live waiter, whose process alone is told (one `grant` event; see lib/fair.lua).
@@ -27,15 +28,21 @@ local mode = ARGV[6]
 local function prepare()
   local now = fl_now()
   local peek = fl_peek_head(queue, alive, bids, now)
+  local next_token
   if not peek or peek[1] then
-    fl_expect(fence, 'string')
+    local last = fl_fence_read(fence, ARGV[9])
+    if last then
+      next_token = function()
+        return fl_fence_next(fence, ARGV[9], last)
+      end
+    end
     fl_expect_events(events, seq, mode)
   end
-  return {now, peek}
+  return {now, peek, next_token}
 end
 local function grant(freed_by, prepared)
-  return fl_grant_head(hold, fence, queue, alive, bids, prepared[1], events, seq, mode, ARGV[7],
-    ARGV[8], freed_by, prepared[2])
+  return fl_grant_head(hold, prepared[3], queue, alive, bids, prepared[1], events, seq, mode,
+    ARGV[7], ARGV[8], freed_by, prepared[2])
 end
 local status, left = fl_release(hold, ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]),
   grant, prepare)

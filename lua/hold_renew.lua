@@ -2,11 +2,12 @@
 -- Serves every lock type whose hold is a hash {o = owner, f = fencing token}.
 --
 -- KEYS[i]         hold hash of the i-th lock
--- ARGV[1]         lease in ms: each renewed hold expires this long from now
+-- ARGV[1]         lease in ms: each renewed hold expires this long from now; 0 checks the
+--                 holds without renewing them (after the client saw signs of a data loss)
 -- ARGV[2i], ARGV[2i+1]   owner id and fencing token of the i-th hold
 --
 -- Returns an array with one code per key:
---   1 renewed, 0 the key is gone (expired or deleted), -1 another owner holds it,
+--   1 renewed (or, with lease 0, held), 0 the key is gone (expired or deleted), -1 another owner holds it,
 --  -2 the same owner holds it under a newer fencing token (this hold was lost meanwhile).
 for _, key in ipairs(KEYS) do
   fl_expect(key, 'hash')
@@ -23,7 +24,9 @@ for i, hold in ipairs(KEYS) do
   elseif fields[2] ~= token then
     codes[i] = -2
   else
-    redis.call('PEXPIRE', hold, lease)
+    if lease > 0 then
+      redis.call('PEXPIRE', hold, lease)
+    end
     codes[i] = 1
   end
 end

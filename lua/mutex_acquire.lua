@@ -1,8 +1,8 @@
 -- mutex_acquire.lua: take or re-enter an exclusive reentrant lock (barging).
--- Uses lib/hold.lua.
+-- Uses lib/hold.lua and lib/fence.lua.
 --
 -- KEYS[1] hold     hold hash (see lib/hold.lua)
--- KEYS[2] fence    fencing counter; never expires, never reset
+-- KEYS[2] fence    the shard's fence key (see lib/fence.lua)
 -- KEYS[3] waiters  marker "someone may be waiting"; releases emit an event only while it exists
 -- ARGV[1] owner id
 -- ARGV[2] lease in ms (> 0)
@@ -13,17 +13,20 @@
 --         waiter per process was woken, so nobody else would set it again)
 -- ARGV[6] the waiter id of this acquisition ("" for a try): a release of its process may have
 --         handed it the lock under this id already (mutex_release.lua)
+-- ARGV[7] the fence argument "<0|1><layout>" (see lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {1, fencing token, hold count, remaining ms} when a release had already handed the
 --           lock to this acquisition (its reply never reached the waiter),
 --         {0, remaining ttl of the hold in ms} when another owner holds the lock,
+--         a FLFENCE error (and no change) when the fence key is missing or carries another
+--         layout (lib/fence.lua),
 --         a WRONGTYPE error (and no change) when a key it touches holds a foreign value
 --         (lib/check.lua); a foreign value under a key it does not touch is left alone.
 --
 -- Type checks cost server time on the hottest path, so each key is checked where it is first
--- touched, always before the script's first write: the hold by HGET (a typed read), the fence
--- by INCR (the take's first write, refused as a whole), the marker by fl_expect before SET.
+-- touched, always before the script's first write: the hold by HMGET and the fence by GET
+-- (typed reads), the marker by fl_expect before SET.
 local hold, fence, waiters = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, op, grace = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 
@@ -33,12 +36,16 @@ if current and ARGV[6] ~= '' and fields[2] == ARGV[6] then
   return {1, tonumber(fields[3]), tonumber(fields[4]), redis.call('PTTL', hold)}
 end
 if not current then
+  local last, refusal = fl_fence_read(fence, ARGV[7])
+  if not last then
+    return redis.error_reply(refusal)
+  end
   if ARGV[5] == '1' then
-    fl_expect(fence, 'string')
     fl_expect(waiters, 'string')
     redis.call('SET', waiters, '1', 'PX', lease + grace)
   end
-  return fl_take(hold, fence, owner, op, lease, fl_tomb_chain(fields[2], fields[5]))
+  local token = fl_fence_next(fence, ARGV[7], last)
+  return fl_take(hold, token, owner, op, lease, fl_tomb_chain(fields[2], fields[5]))
 end
 if current == owner then
   return fl_reenter(hold, owner, op, lease)

@@ -1,12 +1,12 @@
 -- mutex_release.lua: give back one hold (or all holds) of an exclusive reentrant lock, or hand
--- it straight to a waiter of the releasing process. Uses lib/hold.lua and lib/notify.lua.
+-- it straight to a waiter of the releasing process. Uses lib/hold.lua, lib/fence.lua and lib/notify.lua.
 --
 -- KEYS[1] hold     hold hash (see lib/hold.lua); field h counts hand-overs in a row
 -- KEYS[2] waiters  marker; when the lock becomes free and the marker exists, it is deleted and
 --                  one event is emitted (waiters that lose the race set it again)
 -- KEYS[3] events   the shard's stream or channel
 -- KEYS[4] seq      the shard's event counter
--- KEYS[5] fence    fencing counter (a hand-over takes the next token)
+-- KEYS[5] fence    the shard's fence key (a hand-over takes the next token, lib/fence.lua)
 -- ARGV[1] owner id
 -- ARGV[2] fencing token of the hold being released (a stale hold of the same owner is refused)
 -- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
@@ -17,6 +17,8 @@
 --         handed the lock when this release frees it (barging, but local first: lock cohorting)
 -- ARGV[10] the successor's waiter id (the op id its hold is taken under), ARGV[11] its lease in
 --         ms, ARGV[12] at most this many hand-overs in a row (then the lock is freed for all)
+-- ARGV[13] the fence argument (lib/fence.lua); a fence that is missing or carries another
+--         layout only turns the hand-over off: the lock is freed for all
 --
 -- Returns {1, holds left} when released (0: the lock is free now),
 --         {1, 0, token} when the lock was handed to the successor with this fencing token (also
@@ -34,12 +36,13 @@ if waiting then
 end
 local handed
 local hand_over
-if ARGV[9] ~= '' then
-  fl_expect(fence, 'string')
+local last = ARGV[9] ~= '' and fl_fence_read(fence, ARGV[13])
+if last then
   local streak = tonumber(redis.call('HGET', hold, 'h') or 0)
   if streak < tonumber(ARGV[12]) then
     hand_over = function(freed_by)
-      handed = fl_take(hold, fence, ARGV[9], ARGV[10], tonumber(ARGV[11]), freed_by)[2]
+      local token = fl_fence_next(fence, ARGV[13], last)
+      handed = fl_take(hold, token, ARGV[9], ARGV[10], tonumber(ARGV[11]), freed_by)[2]
       redis.call('HSET', hold, 'h', streak + 1)
       return true
     end

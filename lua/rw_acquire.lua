@@ -1,5 +1,5 @@
 -- rw_acquire.lua: take or re-enter a read or write hold of a read-write lock, or queue for it.
--- Uses lib/queue.lua, lib/rw.lua and lib/notify.lua.
+-- Uses lib/fence.lua, lib/queue.lua, lib/rw.lua and lib/notify.lua.
 --
 -- Writers: a write hold needs no live writer (except the owner itself: re-entry) and no reader,
 -- and the writer must be first in the queue. An owner holding a read hold is refused at once
@@ -8,7 +8,7 @@
 -- behind it (writer-starvation prevention). Dead writers met in the queue are dropped.
 --
 -- KEYS[1] hold H, KEYS[2] readers R (see lib/rw.lua)
--- KEYS[3] fence    fencing counter; never expires, never reset
+-- KEYS[3] fence    the shard's fence key (see lib/fence.lua)
 -- KEYS[4] queue    LIST of waiter ids, writers prefixed "w", readers "r" (see lib/queue.lua)
 -- KEYS[5] alive    ZSET waiter id -> waiter lease end
 -- ARGV[1] owner id
@@ -18,16 +18,22 @@
 -- ARGV[5] waiter lease in ms; 0 for a try that must not join the queue
 -- ARGV[6] "read" or "write"
 -- ARGV[7] retry window in ms (key TTL margin, see lib/rw.lua)
+-- ARGV[8] the fence argument "<0|1><layout>" (see lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered (a read hold's token is
---         the fencing counter when the owner's read hold began),
+--         the shard's last token when the owner's read hold began),
 --         {0, ms to wait at most before trying again} when it must wait,
---         {-2} when the owner holds a read hold and asked for a write hold.
+--         {-2} when the owner holds a read hold and asked for a write hold,
+--         a FLFENCE error (and no change) when the fence key is missing or carries another
+--         layout (lib/fence.lua).
 fl_expect(KEYS[1], 'hash')
 fl_expect(KEYS[2], 'zset')
-fl_expect(KEYS[3], 'string')
 fl_expect(KEYS[4], 'list')
 fl_expect(KEYS[5], 'zset')
+local last, refusal = fl_fence_read(KEYS[3], ARGV[8])
+if not last then
+  return redis.error_reply(refusal)
+end
 local H, R, F, Q, A = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, lease, op, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, mode, tomb = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
@@ -56,9 +62,15 @@ if redis.call('HGET', H, 'op:' .. owner) == op then
 end
 
 local function take_read(token)
+  if not token and last > 0 then
+    token = fl_fence_text(last)
+  elseif not token then
+    -- The shard's fence key was missing (and may be created): the read issues a token.
+    token = fl_fence_next(F, ARGV[8], last)
+  end
   redis.call('HSET', H, 'rc:' .. owner, 1, 'rt:' .. owner, token)
   redis.call('ZADD', R, now + lease, owner)
-  return granted(token, 1)
+  return granted(tonumber(token), 1)
 end
 
 -- May a reader with waiter id `id` go? Only if no live writer is queued ahead of it.
@@ -97,9 +109,9 @@ if mode == 'write' then
       if head then
         fl_dequeue(Q, A, id)
       end
-      local token = redis.call('INCR', F)
+      local token = fl_fence_next(F, ARGV[8], last)
       redis.call('HSET', H, 'w', owner, 'wc', 1, 'wf', token, 'we', now + lease)
-      return granted(token, 1)
+      return granted(tonumber(token), 1)
     end
   end
 else
@@ -111,11 +123,11 @@ else
     return granted(tonumber(redis.call('HGET', H, 'rt:' .. owner)), count)
   end
   if writer == owner then
-    return take_read(tonumber(redis.call('HGET', H, 'wf')))
+    return take_read(redis.call('HGET', H, 'wf'))
   end
   if not writer and reader_may_go() then
     fl_leave(Q, A, id)
-    return take_read(tonumber(redis.call('GET', F) or 0))
+    return take_read(nil)
   end
 end
 

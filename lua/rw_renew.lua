@@ -2,10 +2,11 @@
 -- Uses lib/queue.lua and lib/rw.lua.
 --
 -- KEYS[2i-1], KEYS[2i]    hold H and readers R of the i-th hold's lock (see lib/rw.lua)
--- ARGV[1]                 lease in ms: each renewed hold ends this long from now
+-- ARGV[1]                 lease in ms: each renewed hold ends this long from now; 0 checks
+--                         the holds without renewing them (after signs of a data loss)
 -- ARGV[3i-1], ARGV[3i], ARGV[3i+1]   "read" or "write", owner id and fencing token of hold i
 --
--- Returns one code per hold: 1 renewed, 0 gone (expired or deleted), -2 the owner holds it
+-- Returns one code per hold: 1 renewed (with lease 0: held), 0 gone (expired or deleted), -2 the owner holds it
 -- under another token (this hold was lost meanwhile). A read hold never blocks renewing another
 -- reader's hold, and renewing one never extends another.
 for i = 1, #KEYS, 2 do
@@ -25,7 +26,9 @@ for i = 1, #KEYS / 2 do
     elseif redis.call('HGET', H, 'wf') ~= token then
       codes[i] = -2
     else
-      redis.call('HSET', H, 'we', now + lease)
+      if lease > 0 then
+        redis.call('HSET', H, 'we', now + lease)
+      end
       codes[i] = 1
     end
   else
@@ -35,11 +38,13 @@ for i = 1, #KEYS / 2 do
     elseif held ~= token then
       codes[i] = -2
     else
-      redis.call('ZADD', R, now + lease, owner)
+      if lease > 0 then
+        redis.call('ZADD', R, now + lease, owner)
+      end
       codes[i] = 1
     end
   end
-  if codes[i] == 1 then
+  if codes[i] == 1 and lease > 0 then
     fl_rw_keep(H, R, now, lease)
   end
 end

@@ -23,17 +23,18 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, KeysInterface};
+use fred::interfaces::ClientLike;
 use fred::types::config::{
     Config as FredConfig, ConnectionConfig, PerformanceConfig, ReconnectPolicy,
 };
-use fred::types::{ClusterHash, CustomCommand, SetOptions, Value};
+use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::{Config, NotificationMode};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, LockKeys};
+use crate::layout::Layout;
 use crate::lease::{run_release_worker, run_watchdog, HoldRegistry, LostCause, ReleaseJob};
 use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::rwlock::RwLock;
@@ -61,6 +62,8 @@ pub(crate) struct Core {
     pub(crate) redis: Client,
     pub(crate) config: Config,
     pub(crate) keyspace: Keyspace,
+    /// This client's layout, and whether the server's record still matches it.
+    pub(crate) layout: Layout,
     /// Redis Cluster 7+: scripts publish with `SPUBLISH` in Pub/Sub mode.
     pub(crate) sharded_pubsub: bool,
     /// Names this client's inboxes ([`Keyspace::inbox`]): random, 16 hex digits.
@@ -97,14 +100,88 @@ impl Core {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value> {
-        if self.hung_up.load(Ordering::Acquire) {
-            return Err(Error::Shutdown);
-        }
         let first_key = keys.first().cloned().unwrap_or_default();
-        script
-            .run(&self.redis, keys, args)
+        self.call(script, keys, args)
             .await
-            .map_err(|err| Error::from_redis(err, lock, &first_key))
+            .map_err(|err| self.script_error(err, lock, &first_key))
+    }
+
+    /// Runs a script that issues fencing tokens, with the fence argument appended to `args`
+    /// (`lua/lib/fence.lua`). When the script finds the shard's fence key missing (the server
+    /// lost data, or the shard's first use), the layout record is verified (recorded again if
+    /// it is gone) and the script runs once more, allowed to create the key. A fence key of
+    /// another layout refuses this client ([`Error::LayoutMismatch`]).
+    pub(crate) async fn run_fenced(
+        &self,
+        script: &Script,
+        lock: &str,
+        keys: Vec<String>,
+        mut args: Vec<Value>,
+    ) -> Result<Value> {
+        self.layout.check_open()?;
+        args.push(self.layout.fence_arg(false));
+        let refusal = match self.call(script, keys.clone(), args.clone()).await {
+            Err(err) if err.details().contains("FLFENCE") => err.details().to_owned(),
+            other => return other.map_err(|err| self.script_error(err, lock, first_key(&keys))),
+        };
+        if let Some(server) = refusal.split("FLFENCE layout ").nth(1) {
+            return Err(self.refuse_layout(server.trim().to_owned()));
+        }
+        tracing::debug!(lock, "shard fence key missing; verifying the layout record");
+        if let Err(err) = self.layout.verify(&self.redis).await {
+            return Err(self.layout_failed(err));
+        }
+        if let Some(last) = args.last_mut() {
+            *last = self.layout.fence_arg(true);
+        }
+        match self.call(script, keys.clone(), args).await {
+            Err(err) if err.details().contains("FLFENCE layout ") => {
+                let server = err.details().split("FLFENCE layout ").nth(1).unwrap_or("");
+                Err(self.refuse_layout(server.trim().to_owned()))
+            }
+            other => other.map_err(|err| self.script_error(err, lock, first_key(&keys))),
+        }
+    }
+
+    /// Runs a script without mapping its error.
+    async fn call(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> std::result::Result<Value, fred::error::Error> {
+        if self.hung_up.load(Ordering::Acquire) {
+            return Err(fred::error::Error::new(
+                fred::error::ErrorKind::Canceled,
+                "client shut down",
+            ));
+        }
+        script.run(&self.redis, keys, args).await
+    }
+
+    fn script_error(&self, err: fred::error::Error, lock: &str, first_key: &str) -> Error {
+        if self.hung_up.load(Ordering::Acquire) {
+            return Error::Shutdown;
+        }
+        Error::from_redis(err, lock, first_key)
+    }
+
+    /// The server records another layout under our prefix: this client stops working.
+    pub(crate) fn refuse_layout(&self, server: String) -> Error {
+        let err = self.layout.refuse(server);
+        self.layout_failed(err)
+    }
+
+    /// After a failed layout check: once refused, every hold is reported lost and every waiter
+    /// wakes (to fail with the mismatch). Returns `err`.
+    pub(crate) fn layout_failed(&self, err: Error) -> Error {
+        if self.layout.is_refused() {
+            for hold in self.holds.all() {
+                hold.mark_lost(LostCause::LayoutMismatch);
+            }
+            self.waiters.wake_all("layout mismatch");
+        }
+        err
     }
 
     /// The ARGV tail every event-emitting script takes: mode, stream cap, lock id.
@@ -153,6 +230,10 @@ impl Core {
     pub(crate) fn tombstone_ttl(&self) -> Duration {
         (self.config.command_timeout * 3).max(Duration::from_secs(10))
     }
+}
+
+fn first_key(keys: &[String]) -> &str {
+    keys.first().map_or("", String::as_str)
 }
 
 /// A connection to Redis for distributed locks: the factory of lock handles.
@@ -326,8 +407,9 @@ impl LockClient {
         // broadcasts plain PUBLISH messages to every node, which works too (at more traffic).
         let sharded_pubsub = clustered && command.server_version().map_or(true, |v| v.major >= 7);
         let keyspace = Keyspace::new(&config.key_prefix, config.shards, clustered);
+        let layout = Layout::new(&config, &keyspace);
         let started = async {
-            check_layout(&command, &keyspace, &config).await?;
+            layout.verify(&command).await?;
             let notifiers = open_notifiers(&command, &config, clustered).await?;
             Ok::<_, Error>(notifiers)
         };
@@ -347,6 +429,7 @@ impl LockClient {
             redis: command,
             config: config.clone(),
             keyspace: keyspace.clone(),
+            layout,
             sharded_pubsub,
             inbox_tag: inbox_tag.clone(),
             holds: HoldRegistry::default(),
@@ -400,6 +483,7 @@ impl LockClient {
         tasks.extend([
             tokio::spawn(run_watchdog(core.clone(), shutdown_rx.clone())),
             tokio::spawn(run_heartbeat(core.clone(), shutdown_rx.clone())),
+            tokio::spawn(crate::watch::run_watch(core.clone(), shutdown_rx.clone())),
             tokio::spawn(run_release_worker(release_rx, shutdown_rx)),
         ]);
         tracing::info!(
@@ -540,7 +624,7 @@ impl LockClient {
         if self.inner.core.closed.load(Ordering::Acquire) {
             Err(Error::Shutdown)
         } else {
-            Ok(())
+            self.inner.core.layout.check_open()
         }
     }
 
@@ -588,34 +672,4 @@ pub struct ClientStats {
     /// Barging-mutex acquisitions that a release of this client handed over directly (see
     /// [`Config::handover_streak`](crate::Config::handover_streak)), since start.
     pub handed_over: u64,
-}
-
-/// Records this client's layout under the prefix, or checks that it matches the recorded one.
-async fn check_layout(redis: &Client, keyspace: &Keyspace, config: &Config) -> Result<()> {
-    let key = keyspace.layout();
-    let ours = format!(
-        "v5 shards={} notification={}",
-        keyspace.shards(),
-        config.notification.as_str()
-    );
-    let map = |err| Error::from_redis(err, "(layout)", &key);
-    let _: Value = redis
-        .set(
-            key.as_str(),
-            ours.as_str(),
-            None,
-            Some(SetOptions::NX),
-            false,
-        )
-        .await
-        .map_err(map)?;
-    let server: Option<String> = redis.get(key.as_str()).await.map_err(map)?;
-    match server {
-        Some(server) if server != ours => Err(Error::LayoutMismatch {
-            prefix: config.key_prefix.clone(),
-            server,
-            ours,
-        }),
-        _ => Ok(()),
-    }
 }

@@ -47,10 +47,13 @@ impl NotificationMode {
 /// config.validate().unwrap();
 /// ```
 #[derive(Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(remote = "Self", default, deny_unknown_fields)]
 pub struct Config {
-    /// Redis URL as understood by fred (`redis://`, `rediss://`, `redis-cluster://`,
-    /// `redis-sentinel://`). Ignored by [`crate::LockClient::from_client`].
+    /// Redis URL: `redis://` (or `valkey://`) for a single server, with `-cluster` or
+    /// `-sentinel` after the scheme for a cluster or Sentinel deployment
+    /// (`redis-cluster://`, `redis-sentinel://`), and `rediss`/`valkeys` for TLS (with the
+    /// crate feature `tls`). Any other scheme is refused. Ignored by
+    /// [`crate::LockClient::from_client`].
     pub url: String,
     /// Prefix of every key, stream and channel the crate uses. Letters, digits and `_-.:/` only.
     pub key_prefix: String,
@@ -64,7 +67,8 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub watchdog_lease: Duration,
     /// Approximate cap on each shard's event stream (`XADD MAXLEN ~`). A reader that falls
-    /// further behind detects the gap and makes every local waiter re-check.
+    /// further behind detects the gap and makes every local waiter re-check. 16 to
+    /// 100 000 000.
     pub stream_max_len: u64,
     /// Limit on establishing the connections in [`crate::LockClient::connect`].
     #[serde(with = "humantime_serde")]
@@ -80,19 +84,21 @@ pub struct Config {
     /// emit events only while the marker exists.
     #[serde(with = "humantime_serde")]
     pub waiter_grace: Duration,
-    /// Longest pause between reconnection attempts.
+    /// Longest pause between reconnection attempts: 1 ms to 60 s. It bounds how long after a
+    /// server comes back the client notices, and so how soon a hold the server lost is
+    /// reported by [`LockGuard::lost`](crate::LockGuard::lost).
     #[serde(with = "humantime_serde")]
     pub reconnect_max_delay: Duration,
     /// Opt-in safety against losing a fresh hold in a failover: after each acquisition the
     /// client waits (`WAIT`) until this many replicas confirm the write, and fails the
     /// acquisition with [`crate::Error::NotReplicated`] (releasing the hold) when fewer do
-    /// within [`Config::replica_ack_timeout`]. 0 (the default) turns it off.
+    /// within [`Config::replica_ack_timeout`]. 0 (the default) turns it off; at most 64.
     pub replica_acks: u32,
     /// How long an acquisition waits for [`Config::replica_acks`] confirmations.
     #[serde(with = "humantime_serde")]
     pub replica_ack_timeout: Duration,
     /// How long one `XREAD BLOCK` of the stream reader waits before it re-issues the read. It is
-    /// a liveness check of the reader connection, not a poll of lock state.
+    /// a liveness check of the reader connection, not a poll of lock state. 100 ms to 5 min.
     #[serde(with = "humantime_serde")]
     pub notifier_block: Duration,
     /// How long a *waiting* acquisition (`lock`, `lock_timeout`, `read`, `write`) keeps
@@ -105,7 +111,8 @@ pub struct Config {
     /// Barging [`Mutex`](crate::Mutex) only: how many times in a row a release may hand the
     /// lock straight to a waiting task of its own process (one round trip, no event, no herd)
     /// before it frees the lock for every process. A larger value gives more throughput under
-    /// contention and a longer wait to the other processes; 0 turns hand-overs off.
+    /// contention and a longer wait to the other processes; 0 turns hand-overs off; at
+    /// most 64.
     pub handover_streak: u32,
 }
 
@@ -122,13 +129,43 @@ impl Default for Config {
             command_timeout: Duration::from_secs(5),
             waiter_lease: Duration::from_secs(3),
             waiter_grace: Duration::from_secs(2),
-            reconnect_max_delay: Duration::from_secs(2),
+            reconnect_max_delay: Duration::from_millis(500),
             notifier_block: Duration::from_secs(5),
             replica_acks: 0,
             replica_ack_timeout: Duration::from_secs(1),
             transient_retry: Duration::from_secs(30),
             handover_streak: 3,
         }
+    }
+}
+
+// serde's derive also accepts a sequence of field values for a struct, so `[]` would be a
+// whole default `Config`. A configuration is a map of named fields: the derived code (above,
+// as inherent functions through `remote = "Self"`) only ever sees one.
+impl Serialize for Config {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        Config::serialize(self, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Config {
+    fn deserialize<D: serde::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Config;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of fredlock Config fields")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<Config, A::Error> {
+                Config::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer.deserialize_map(Fields)
     }
 }
 
@@ -166,24 +203,32 @@ impl Config {
                 self.shards
             )));
         }
-        if self.stream_max_len < 16 {
-            return Err(Error::InvalidConfig(format!(
-                "stream_max_len must be at least 16, got {}",
-                self.stream_max_len
-            )));
-        }
+        check_url(&self.url)?;
+        check_count("stream_max_len", self.stream_max_len, 16, MAX_STREAM_LEN)?;
+        check_count("replica_acks", u64::from(self.replica_acks), 0, 64)?;
+        check_count("handover_streak", u64::from(self.handover_streak), 0, 64)?;
         check_lease("watchdog_lease", self.watchdog_lease)?;
         check_duration("waiter_lease", self.waiter_lease, Duration::from_millis(30))?;
         for (what, value) in [
             ("connect_timeout", self.connect_timeout),
             ("command_timeout", self.command_timeout),
             ("waiter_grace", self.waiter_grace),
-            ("reconnect_max_delay", self.reconnect_max_delay),
-            ("notifier_block", self.notifier_block),
             ("replica_ack_timeout", self.replica_ack_timeout),
         ] {
             check_duration(what, value, Duration::from_millis(1))?;
         }
+        check_range(
+            "reconnect_max_delay",
+            self.reconnect_max_delay,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        )?;
+        check_range(
+            "notifier_block",
+            self.notifier_block,
+            Duration::from_millis(100),
+            Duration::from_secs(300),
+        )?;
         if !self.transient_retry.is_zero() {
             check_duration(
                 "transient_retry",
@@ -221,6 +266,61 @@ impl fmt::Debug for Config {
             .field("handover_streak", &self.handover_streak)
             .finish()
     }
+}
+
+/// Largest [`Config::stream_max_len`].
+const MAX_STREAM_LEN: u64 = 100_000_000;
+
+/// URL schemes fred can serve with this build: `redis`/`valkey`, optionally `-cluster` or
+/// `-sentinel`, and their TLS forms with the `tls` feature.
+fn check_url(url: &str) -> Result<()> {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+    let base = scheme
+        .strip_suffix("-cluster")
+        .or_else(|| scheme.strip_suffix("-sentinel"))
+        .unwrap_or(scheme);
+    let served = match base {
+        "redis" | "valkey" => true,
+        "rediss" | "valkeys" => cfg!(feature = "tls"),
+        _ => false,
+    };
+    if served {
+        return Ok(());
+    }
+    let hint = if matches!(base, "rediss" | "valkeys") {
+        " (TLS needs the crate feature `tls`)"
+    } else {
+        ""
+    };
+    Err(Error::InvalidConfig(format!(
+        "url {} has an unsupported scheme {scheme:?}: expected redis://, redis-cluster://, \
+         redis-sentinel:// or their rediss/valkey forms{hint}",
+        redact_url(url)
+    )))
+}
+
+/// Validates a count against `min..=max`.
+fn check_count(what: &str, value: u64, min: u64, max: u64) -> Result<()> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        Err(Error::InvalidConfig(format!(
+            "{what} must be {min}..={max}, got {value}"
+        )))
+    }
+}
+
+/// Validates a duration against `min..=max`.
+fn check_range(what: &'static str, value: Duration, min: Duration, max: Duration) -> Result<()> {
+    check_duration(what, value, min)?;
+    if value > max {
+        return Err(Error::InvalidDuration {
+            what,
+            value,
+            reason: "above the maximum",
+        });
+    }
+    Ok(())
 }
 
 /// Validates a lease: at least [`MIN_LEASE`], at most [`MAX_DURATION`].
@@ -282,6 +382,26 @@ mod tests {
         let bad = [
             Config {
                 key_prefix: "".into(),
+                ..Config::default()
+            },
+            Config {
+                url: "http://127.0.0.1:6379".into(),
+                ..Config::default()
+            },
+            Config {
+                stream_max_len: 1 << 63,
+                ..Config::default()
+            },
+            Config {
+                notifier_block: Duration::from_millis(1),
+                ..Config::default()
+            },
+            Config {
+                replica_acks: u32::MAX,
+                ..Config::default()
+            },
+            Config {
+                handover_streak: u32::MAX,
                 ..Config::default()
             },
             Config {

@@ -166,7 +166,36 @@ pub(crate) fn acquire(
 ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'static {
     let keys = driver.keys();
     let span = tracing::debug_span!("acquire", lock = keys.name(), kind = keys.kind());
-    acquire_loop(driver, owner, lease, patience).instrument(span)
+    acquire_replicated(driver, owner, lease, patience).instrument(span)
+}
+
+/// [`acquire_loop`], repeated while a hold is refused for want of replica acknowledgements
+/// ([`Error::NotReplicated`], only with [`crate::Config::replica_acks`]): like any transient
+/// failure, within [`crate::Config::transient_retry`] and the caller's patience. Each round
+/// starts over (the refused hold was released).
+async fn acquire_replicated(
+    driver: Arc<dyn Driver>,
+    owner: Owner,
+    lease: Lease,
+    patience: Patience,
+) -> Result<Option<LockGuard>> {
+    if driver.client().config().replica_acks == 0 {
+        return acquire_loop(driver, owner, lease, patience).await;
+    }
+    let mut retry = TransientRetry::default();
+    loop {
+        match Box::pin(acquire_loop(driver.clone(), owner.clone(), lease, patience)).await {
+            Err(error @ Error::NotReplicated { .. }) => {
+                let window = driver.client().config().transient_retry;
+                let Some(pause) = retry.pause_after(&error, window, patience) else {
+                    return Err(error);
+                };
+                tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "hold not replicated; retrying");
+                tokio::time::sleep(pause).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 async fn acquire_loop(
@@ -211,7 +240,15 @@ async fn acquire_loop(
                 if let Some(registration) = registration.as_ref() {
                     registration.taken();
                 }
-                let guard = take_up(&driver, &owner, token, lease, sent_at, lasts, &mut queued);
+                let guard = take_up(
+                    &driver,
+                    &owner,
+                    token,
+                    lease,
+                    (sent_at, lasts),
+                    Source::OwnScript,
+                    &mut queued,
+                );
                 return guard.await.map(Some);
             }
             Ok(Attempt::Busy { ttl, server_ms }) => {
@@ -279,8 +316,8 @@ async fn acquire_loop(
                 &owner,
                 token,
                 lease,
-                at,
-                lease.initial(),
+                (at, lease.initial()),
+                Source::OwnConnection,
                 &mut queued,
             );
             return guard.await.map(Some);
@@ -291,7 +328,15 @@ async fn acquire_loop(
             tracing::trace!(token, "granted by the release");
             let core = driver.client().core();
             core.granted.fetch_add(1, Ordering::Relaxed);
-            let guard = take_up(&driver, &owner, token, lease, at, lasts, &mut queued);
+            let guard = take_up(
+                &driver,
+                &owner,
+                token,
+                lease,
+                (at, lasts),
+                Source::OtherClient,
+                &mut queued,
+            );
             return guard.await.map(Some);
         }
         tracing::trace!(woken, "re-checking");
@@ -329,19 +374,40 @@ impl Drop for UnusedHandOver<'_> {
     }
 }
 
+/// Which connection wrote a new hold: `WAIT` only covers the writes of the connection it runs
+/// on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// This acquisition's own acquire script.
+    OwnScript,
+    /// A release by this client (a local hand-over), on the same connection.
+    OwnConnection,
+    /// A release by another client (a fair grant).
+    OtherClient,
+}
+
 /// Turns an acquired hold into a guard: the hold is registered with the watchdog from
-/// `acquired_at` (an instant known to precede the acquisition), lasting `lasts`.
+/// `timing.0` (an instant known to precede the acquisition), lasting `timing.1`.
 async fn take_up(
     driver: &Arc<dyn Driver>,
     owner: &Owner,
     token: u64,
     lease: Lease,
-    acquired_at: Instant,
-    lasts: Duration,
+    timing: (Instant, Duration),
+    source: Source,
     queued: &mut QueuedInRedis,
 ) -> Result<LockGuard> {
     queued.disarm();
+    let (mut acquired_at, mut lasts) = timing;
     if driver.client().config().replica_acks > 0 {
+        if source == Source::OtherClient {
+            // WAIT counts the writes of its own connection, and ours wrote nothing yet: top
+            // the granted hold up to the full lease now (a write, after the grant in the
+            // replication stream), so that the WAIT below covers the grant too.
+            let sent_at = Instant::now();
+            Box::pin(top_up_grant(driver, owner, token, lease.initial())).await?;
+            (acquired_at, lasts) = (sent_at, lease.initial());
+        }
         // Boxed: the `WAIT` call's future is large and this path is opt-in; kept inline it
         // would make every pending `lock()` future several KiB.
         Box::pin(confirm_replicated(driver, owner, token)).await?;
@@ -441,6 +507,34 @@ impl TransientRetry {
     fn reset(&mut self) {
         *self = TransientRetry::default();
     }
+}
+
+/// Renews a hold that another client's release granted to the full lease (see [`take_up`]).
+/// A grant that is gone already counts as not replicated (the acquisition starts over).
+async fn top_up_grant(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    token: u64,
+    lease: Duration,
+) -> Result<()> {
+    let client = driver.client();
+    let script = driver.renew_script();
+    let mut args: Vec<fred::types::Value> = vec![(lease.as_millis() as i64).into()];
+    args.extend(driver.renew_args(owner, token));
+    let keys = driver.keys();
+    let reply = client
+        .core()
+        .run(script, keys.name(), driver.renew_keys(), args)
+        .await?;
+    let codes = crate::scripts::int_array(script.name(), reply)?;
+    if codes.first() == Some(&1) {
+        return Ok(());
+    }
+    Err(Error::NotReplicated {
+        lock: keys.name().to_owned(),
+        acked: 0,
+        wanted: client.config().replica_acks,
+    })
 }
 
 /// With [`crate::Config::replica_acks`] set, waits until that many replicas have the fresh

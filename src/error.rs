@@ -167,7 +167,8 @@ impl Error {
             "Too many redirections",
         ];
         match self {
-            Error::Timeout(_) | Error::Connect(_) => true,
+            // The hold was released again; a replica may attach or catch up meanwhile.
+            Error::Timeout(_) | Error::Connect(_) | Error::NotReplicated { .. } => true,
             Error::Redis(err) => {
                 matches!(
                     err.kind(),
@@ -188,7 +189,11 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Timeout(_) | Error::Redis(_) | Error::Connect(_) | Error::OutOfMemory(_)
+            Error::Timeout(_)
+                | Error::Redis(_)
+                | Error::Connect(_)
+                | Error::OutOfMemory(_)
+                | Error::NotReplicated { .. }
         )
     }
 }

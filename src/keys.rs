@@ -7,8 +7,9 @@
 //!
 //! ```text
 //! {fredlock:7}:mutex:orders          hold hash      {o, c, f, r}
-//! {fredlock:7}:mutex.fence:orders    fencing counter (never expires)
 //! {fredlock:7}:mutex.wait:orders     "someone may be waiting" marker (expires with the waiters)
+//! {fredlock:7}:fence                 the shard's last fencing token and layout stamp (never
+//!                                    expires; every lock kind of the shard shares it)
 //! {fredlock:7}:events                the shard's event stream / channel (Redis Cluster)
 //! {fredlock:7}:seq                   the shard's event counter (gap detection)
 //! {fredlock:events}, {fredlock:events}:seq   the one stream and counter of a single Redis
@@ -42,6 +43,7 @@ pub(crate) struct Keyspace {
 #[derive(Debug)]
 struct ShardNames {
     tag: Arc<str>,
+    fence: Arc<str>,
     events: Arc<str>,
     seq: Arc<str>,
 }
@@ -62,6 +64,7 @@ impl Keyspace {
                 let events = keyspace.event_shard_of(shard);
                 ShardNames {
                     tag: keyspace.tag(shard).into(),
+                    fence: keyspace.fence(shard).into(),
                     events: keyspace.events(events).into(),
                     seq: keyspace.seq(events).into(),
                 }
@@ -95,6 +98,13 @@ impl Keyspace {
     /// The hash tag of shard `shard`, braces included.
     pub(crate) fn tag(&self, shard: u16) -> String {
         format!("{{{}:{}}}", self.prefix, shard)
+    }
+
+    /// The fence key of shard `shard`: its last fencing token and the layout stamp
+    /// (`lua/lib/fence.lua`). Tokens are counted per shard, so no key per lock name outlives
+    /// its lock.
+    pub(crate) fn fence(&self, shard: u16) -> String {
+        format!("{}:fence", self.tag(shard))
     }
 
     /// The shard a lock name belongs to (stable across processes, versions and platforms).
@@ -142,6 +152,7 @@ impl Keyspace {
             kind,
             shard,
             tag: names.tag.clone(),
+            fence: names.fence.clone(),
             events: names.events.clone(),
             seq: names.seq.clone(),
         })
@@ -171,6 +182,7 @@ pub(crate) struct LockKeys {
     kind: &'static str,
     shard: u16,
     tag: Arc<str>,
+    fence: Arc<str>,
     events: Arc<str>,
     seq: Arc<str>,
 }
@@ -203,6 +215,11 @@ impl LockKeys {
         }
     }
 
+    /// The shard's fence key (see [`Keyspace::fence`]).
+    pub(crate) fn fence(&self) -> &str {
+        &self.fence
+    }
+
     pub(crate) fn events(&self) -> &str {
         &self.events
     }
@@ -231,7 +248,7 @@ mod tests {
         let ks = Keyspace::new("fl", 16, true);
         let a = ks.lock("mutex", "a:w{x}").unwrap();
         let tag = ks.tag(a.shard());
-        for key in [a.key(""), a.key("fence"), a.key("wait")] {
+        for key in [a.key(""), a.fence().to_owned(), a.key("wait")] {
             assert!(key.starts_with(&tag), "{key}");
         }
         assert!(a.events().starts_with(&tag));

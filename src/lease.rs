@@ -109,6 +109,10 @@ pub enum LostCause {
     TokenChanged,
     /// The client was shut down and released the hold.
     Shutdown,
+    /// Another layout (shard count or notification mode) is now recorded under the client's
+    /// key prefix, after the server lost its record: the client stopped working
+    /// ([`Error::LayoutMismatch`](crate::Error::LayoutMismatch)).
+    LayoutMismatch,
 }
 
 /// Per-hold renewal bookkeeping, guarded by a std mutex (never held across an await).
@@ -117,6 +121,10 @@ struct Timing {
     deadline: Instant,
     renew_at: Option<Instant>,
     last_error: Option<String>,
+    /// When the last explicit extension ([`Hold::extended`]) was sent: a renewal sent before
+    /// it reached Redis before it too (one connection, in order), so it cannot move the
+    /// deadline the extension set.
+    extended_at: Option<Instant>,
 }
 
 /// One hold: one owner's (possibly re-entered) hold on one lock.
@@ -166,9 +174,30 @@ impl Hold {
         }
     }
 
-    /// Records a successful renewal or extension sent at `sent_at` for `lease`.
+    /// Records a successful explicit extension sent at `sent_at`: Redis set the remaining
+    /// lease to `lease`, shorter or longer than before, and so does the local deadline.
+    pub(crate) fn extended(&self, sent_at: Instant, lease: Duration) {
+        let mut timing = self.timing();
+        timing.deadline = sent_at + lease;
+        timing.extended_at = Some(sent_at);
+        timing.last_error = None;
+        if timing.renew_at.is_some() {
+            timing.renew_at = match self.lease {
+                Lease::Fixed(_) => None,
+                Lease::Watchdog { .. } => Some(sent_at + lease / 3),
+            };
+        }
+        drop(timing);
+        // The deadline may be sooner than the watchdog's next wake-up.
+        self.driver.client().holds().kick.notify_one();
+    }
+
+    /// Records a successful renewal sent at `sent_at` for `lease`.
     pub(crate) fn renewed(&self, sent_at: Instant, lease: Duration) {
         let mut timing = self.timing();
+        if timing.extended_at.is_some_and(|at| sent_at < at) {
+            return;
+        }
         timing.deadline = timing.deadline.max(sent_at + lease);
         timing.last_error = None;
         if timing.renew_at.is_some() {
@@ -269,6 +298,7 @@ impl HoldRegistry {
                     deadline: sent_at + lasts,
                     renew_at,
                     last_error: None,
+                    extended_at: None,
                 }),
                 guards: AtomicUsize::new(1),
                 lost: watch::channel(None).0,
@@ -311,6 +341,11 @@ impl HoldRegistry {
                 entry.remove();
             }
         }
+    }
+
+    /// Every live hold (a snapshot).
+    pub(crate) fn all(&self) -> Vec<Arc<Hold>> {
+        self.holds.iter().map(|e| e.value().clone()).collect()
     }
 
     /// Removes and returns every hold (shutdown).
@@ -426,6 +461,37 @@ pub(crate) async fn renew(core: &Core, holds: &[&Arc<Hold>], lease: Duration) ->
         .run(script, first.driver.keys().name(), keys, args)
         .await?;
     int_array(script.name(), reply)
+}
+
+/// Checks every hold of the client against Redis at once, without renewing any (the renew
+/// scripts with lease 0), and reports each hold that is gone through its lost signal. Called
+/// when the client saw signs that the server lost data (see [`crate::watch`]). A batch whose
+/// check fails is left to the watchdog and the hold's deadline.
+pub(crate) async fn verify_holds(core: &Core) {
+    const MAX_BATCH: usize = 256;
+    let mut batches: std::collections::HashMap<(&'static str, u16), Vec<Arc<Hold>>> =
+        Default::default();
+    for hold in core.holds.all() {
+        if hold.lost_cause().is_none() {
+            let key = (hold.driver.renew_script().name(), hold.driver.keys().shard());
+            batches.entry(key).or_default().push(hold);
+        }
+    }
+    for (_, holds) in batches {
+        for chunk in holds.chunks(MAX_BATCH) {
+            let refs: Vec<&Arc<Hold>> = chunk.iter().collect();
+            match renew(core, &refs, Duration::ZERO).await {
+                Ok(codes) => {
+                    for (hold, code) in chunk.iter().zip(codes) {
+                        if code != 1 {
+                            apply_renewal(hold, code, Instant::now(), Duration::ZERO);
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(%error, holds = chunk.len(), "hold check failed"),
+            }
+        }
+    }
 }
 
 /// Applies a renew code to its hold.

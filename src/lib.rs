@@ -61,12 +61,14 @@ mod config;
 mod engine;
 mod error;
 mod keys;
+mod layout;
 mod lease;
 mod lock;
 mod notify;
 mod owner;
 mod queue;
 mod scripts;
+mod watch;
 
 pub use client::{ClientStats, LockClient};
 pub use config::{Config, NotificationMode, MAX_DURATION, MIN_LEASE};

@@ -69,6 +69,7 @@ const HOLD: &str = include_str!("../lua/lib/hold.lua");
 const QUEUE: &str = include_str!("../lua/lib/queue.lua");
 const RW: &str = include_str!("../lua/lib/rw.lua");
 const FAIR: &str = include_str!("../lua/lib/fair.lua");
+const FENCE: &str = include_str!("../lua/lib/fence.lua");
 
 macro_rules! scripts {
     ($($field:ident: [$($lib:ident),*]),* $(,)?) => {
@@ -96,6 +97,7 @@ macro_rules! scripts {
             ("queue", QUEUE),
             ("rw", RW),
             ("fair", FAIR),
+            ("fence", FENCE),
         ];
 
         impl Scripts {
@@ -108,15 +110,15 @@ macro_rules! scripts {
 }
 
 scripts! {
-    mutex_acquire: [HOLD],
-    mutex_release: [HOLD, NOTIFY],
+    mutex_acquire: [HOLD, FENCE],
+    mutex_release: [HOLD, FENCE, NOTIFY],
     mutex_force_unlock: [HOLD, NOTIFY],
-    fair_acquire: [HOLD, QUEUE, NOTIFY, FAIR],
-    fair_release: [HOLD, QUEUE, NOTIFY, FAIR],
+    fair_acquire: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
+    fair_release: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
     fair_leave: [QUEUE, NOTIFY, RW],
     fair_heartbeat: [QUEUE, NOTIFY, RW],
-    fair_force_unlock: [HOLD, QUEUE, NOTIFY, FAIR],
-    rw_acquire: [QUEUE, NOTIFY, RW],
+    fair_force_unlock: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
+    rw_acquire: [FENCE, QUEUE, NOTIFY, RW],
     rw_release: [QUEUE, NOTIFY, RW],
     rw_renew: [QUEUE, NOTIFY, RW],
     rw_inspect: [QUEUE],
@@ -151,7 +153,7 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library = ["check", "notify", "hold", "queue", "rw", "fair"].contains(file);
+            let library = ["check", "notify", "hold", "queue", "rw", "fair", "fence"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");

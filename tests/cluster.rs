@@ -41,7 +41,7 @@ fn masters_with_keys(cluster: &RedisCluster, prefix: &str) -> HashSet<usize> {
             let keys = cluster.nodes[m].cmd(&["KEYS", &format!("{{{prefix}:*")]);
             keys.as_array()
                 .iter()
-                .any(|k| k.as_str().is_some_and(|k| k.contains(".fence:")))
+                .any(|k| k.as_str().is_some_and(|k| k.ends_with("}:fence")))
         })
         .collect()
 }

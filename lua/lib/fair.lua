@@ -23,12 +23,15 @@
 -- fl_peek_head(queue, alive, bids, now) -> {head, expiry, bid} of the queue's first waiter
 --   when it is live, {} when the queue is empty, nil when the head is dead (eviction needed).
 --   Reads only (LINDEX, ZSCORE, HGET: typed reads, so each key's type is checked by them).
--- fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen, lock_id,
+-- fl_grant_head(hold, next_token, queue, alive, bids, now, events, seq, mode, maxlen, lock_id,
 --               freed_by, peek)
 --   On a free lock: evicts dead heads, grants the lock to the first live waiter and emits one
 --   `grant` event, target "<waiter id>,<token>,<server ms of the grant>,<ms the hold lasts>",
 --   into the inbox of the head's client (to `events` when the bid names none, or when the
 --   inbox key holds a foreign value).
+--   next_token: a function that issues the grant's fencing token (fl_fence_next, lib/fence.lua),
+--   or nil when the shard's fence key refused (missing, or another layout): the head is then
+--   only named and takes the lock with its own script, which makes its client check the layout.
 --   freed_by: the x the granted hold keeps (the ids of the releases that freed the lock, see
 --   lib/hold.lua; nil: read from the tombstone, if any). A head
 --   without a bid is only named (rule `name`; it takes the lock with its own script). peek
@@ -51,7 +54,7 @@ local function fl_peek_head(queue, alive, bids, now)
   return nil
 end
 
-local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, mode, maxlen,
+local function fl_grant_head(hold, next_token, queue, alive, bids, now, events, seq, mode, maxlen,
                              lock_id, freed_by, peek)
   local head, expiry, bid
   if peek and peek[1] then
@@ -66,7 +69,7 @@ local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, 
     end
     bid = redis.call('HGET', bids, head)
   end
-  if not bid then
+  if not bid or not next_token then
     fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
     return false
   end
@@ -80,7 +83,7 @@ local function fl_grant_head(hold, fence, queue, alive, bids, now, events, seq, 
     lasts = lease
   end
   fl_dequeue(queue, alive, head, bids)
-  local token = fl_take(hold, fence, owner, head, lasts, freed_by)[2]
+  local token = fl_take(hold, next_token(), owner, head, lasts, freed_by)[2]
   local target = head .. ',' .. token .. ',' .. now .. ',' .. lasts
   local sent = inbox ~= ''
     and fl_emit_direct(events .. ':to:' .. inbox, mode, lock_id, 'grant', target)

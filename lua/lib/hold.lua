@@ -10,13 +10,14 @@
 -- and x as its x. So a release re-sent after other owners already took (and freed) the lock
 -- meanwhile (the client re-sends the commands of a broken connection, which takes a
 -- reconnect: hand-offs are faster) is still answered "released", not "held by another". The
--- fencing counter is a separate key that never expires.
+-- token comes from the shard's fence key (lib/fence.lua).
 --
 -- fl_freed_chain(op, older)  -> op followed by the ids of the list older (or false), as many
 --                               as fit in 64 bytes (op at least)
 -- fl_tomb_chain(r, x)        -> the x a take keeps from a tombstone {r, x}: false for none
--- fl_take(hold, fence, owner, op, lease, freed_by) -> {1, token, 1}
---   Takes a free hold for owner with a new fencing token and a lease in ms. freed_by: the x to
+-- fl_take(hold, token, owner, op, lease, freed_by) -> {1, token, 1}
+--   Takes a free hold for owner with the fencing token `token` (a decimal string, from
+--   fl_fence_next in lib/fence.lua) and a lease in ms. freed_by: the x to
 --   keep (the ids of the releases that freed it), false for none (nil: read it from the
 --   tombstone, if any). The hash is written over, not deleted first: a free hold is missing or
 --   a tombstone with only r and x.
@@ -61,8 +62,7 @@ local function fl_tomb_chain(r, x)
   return x or false
 end
 
-local function fl_take(hold, fence, owner, op, lease, freed_by)
-  local token = redis.call('INCR', fence)
+local function fl_take(hold, token, owner, op, lease, freed_by)
   if freed_by == nil then
     local tomb = redis.call('HMGET', hold, 'r', 'x')
     freed_by = fl_tomb_chain(tomb[1], tomb[2])
@@ -73,7 +73,7 @@ local function fl_take(hold, fence, owner, op, lease, freed_by)
     redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
   end
   redis.call('PEXPIRE', hold, lease)
-  return {1, token, 1}
+  return {1, tonumber(token), 1}
 end
 
 local function fl_reenter(hold, owner, op, lease)

@@ -18,7 +18,7 @@ use crate::client::LockClient;
 use crate::engine::{Attempt, BoxFuture, Driver, Released};
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::lock::{acquire_reply, force_unlock_with, release_with, run_ints, QueueKeys};
+use crate::lock::{acquire_reply, force_unlock_with, release_with, run_fenced_ints, QueueKeys};
 use crate::notify::WaitKind;
 use crate::owner::Owner;
 use crate::scripts::{Script, SCRIPTS};
@@ -34,7 +34,7 @@ impl FairDriver {
     pub(crate) fn new(client: LockClient, keys: LockKeys) -> Self {
         FairDriver {
             queue: QueueKeys::new(&keys),
-            fence: keys.key("fence"),
+            fence: keys.fence().to_owned(),
             keys,
             client,
         }
@@ -89,7 +89,7 @@ impl Driver for FairDriver {
             let mut keys = self.queue.handoff(&self.keys);
             keys.insert(1, self.fence.clone()); // hold, fence, queue, alive, events, seq, bids
             let script: &Script = &SCRIPTS.fair_acquire;
-            let reply = run_ints(&self.client, script, self.keys.name(), keys, args).await?;
+            let reply = run_fenced_ints(&self.client, script, self.keys.name(), keys, args).await?;
             acquire_reply(&self.client, script, &reply)
         })
     }
@@ -111,7 +111,7 @@ impl Driver for FairDriver {
             token,
             op,
             all,
-            Vec::new(),
+            vec![self.client.core().layout.fence_arg(false)],
         ))
     }
 
@@ -122,6 +122,7 @@ impl Driver for FairDriver {
             &self.keys,
             &SCRIPTS.fair_force_unlock,
             keys,
+            vec![self.client.core().layout.fence_arg(false)],
         ))
     }
 

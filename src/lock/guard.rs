@@ -98,16 +98,17 @@ impl LockGuard {
         }
     }
 
-    /// Sets the hold's remaining lease to `lease` (owner and token checked). For fixed leases
-    /// this is the way to keep a hold longer; for watchdog leases the next renewal applies the
-    /// watchdog lease again.
+    /// Sets the hold's remaining lease to `lease` (owner and token checked), shorter or longer
+    /// than what is left: [`lease_deadline`](Self::lease_deadline) and [`lost`](Self::lost)
+    /// follow. For fixed leases this is the way to keep a hold longer; for watchdog leases the
+    /// next renewal, a third of `lease` later, applies the watchdog lease again.
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         check_extension(lease)?;
         let sent_at = Instant::now();
         let codes = renew(self.client.core(), &[&self.hold], lease).await?;
         match codes.first() {
             Some(1) => {
-                self.hold.renewed(sent_at, lease);
+                self.hold.extended(sent_at, lease);
                 tracing::debug!(
                     lock = self.name(),
                     lease_ms = lease.as_millis() as u64,

@@ -105,6 +105,19 @@ pub(crate) async fn run_ints(
     int_array(script.name(), reply)
 }
 
+/// Runs a script that issues fencing tokens (see [`crate::client::Core::run_fenced`]) and
+/// decodes its integer-array reply.
+pub(crate) async fn run_fenced_ints(
+    client: &LockClient,
+    script: &Script,
+    lock: &str,
+    keys: Vec<String>,
+    args: Vec<Value>,
+) -> Result<Vec<i64>> {
+    let reply = client.core().run_fenced(script, lock, keys, args).await?;
+    int_array(script.name(), reply)
+}
+
 fn unexpected(script: &Script, reply: &[i64]) -> Error {
     Error::Protocol {
         script: script.name(),
@@ -195,14 +208,16 @@ pub(crate) async fn release_with(
     release_reply(script, &reply)
 }
 
-/// Runs a force-unlock script (ARGV: the event arguments).
+/// Runs a force-unlock script (ARGV: the event arguments, then `extra`).
 pub(crate) async fn force_unlock_with(
     client: &LockClient,
     keys: &LockKeys,
     script: &Script,
     script_keys: Vec<String>,
+    extra: Vec<Value>,
 ) -> Result<bool> {
-    let args = client.core().event_args(keys);
+    let mut args = client.core().event_args(keys);
+    args.extend(extra);
     let reply = run_ints(client, script, keys.name(), script_keys, args).await?;
     flag_reply(script, &reply)
 }

@@ -14,7 +14,7 @@ use crate::lease::Lease;
 use crate::lock::fair::FairDriver;
 use crate::lock::guard::LockGuard;
 use crate::lock::{
-    acquire_reply, force_unlock_with, inspect, release_with, run_ints, Acquirer, LockState,
+    acquire_reply, force_unlock_with, inspect, release_with, run_fenced_ints, Acquirer, LockState,
 };
 use crate::notify::{Bid, WaitKind};
 use crate::owner::Owner;
@@ -183,7 +183,7 @@ impl MutexDriver {
     }
 
     fn fence(&self) -> String {
-        self.keys.key("fence")
+        self.keys.fence().to_owned()
     }
 
     fn waiters(&self) -> String {
@@ -212,7 +212,7 @@ impl MutexDriver {
     ) -> Result<Released> {
         let mut keys = self.event_keys();
         keys.push(self.fence());
-        let extra: Vec<Value> = match successor {
+        let mut extra: Vec<Value> = match successor {
             Some((waiter, bid)) => vec![
                 bid.owner.id().into(),
                 waiter.into(),
@@ -221,6 +221,7 @@ impl MutexDriver {
             ],
             None => vec!["".into(), "".into(), 0.into(), 0.into()],
         };
+        extra.push(self.client.core().layout.fence_arg(false));
         let script = &SCRIPTS.mutex_release;
         release_with(
             &self.client,
@@ -264,7 +265,7 @@ impl Driver for MutexDriver {
             let local = self.client.waiters().waiting_on(self.keys.id());
             let others = local > usize::from(waiting);
             let script = &SCRIPTS.mutex_acquire;
-            let reply = run_ints(
+            let reply = run_fenced_ints(
                 &self.client,
                 script,
                 self.keys.name(),
@@ -313,6 +314,7 @@ impl Driver for MutexDriver {
             &self.keys,
             &SCRIPTS.mutex_force_unlock,
             self.event_keys(),
+            vec![],
         ))
     }
 }

@@ -16,7 +16,9 @@ use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
-use crate::lock::{acquire_reply, force_unlock_with, release_with, run_ints, Acquirer, QueueKeys};
+use crate::lock::{
+    acquire_reply, force_unlock_with, release_with, run_fenced_ints, run_ints, Acquirer, QueueKeys,
+};
 use crate::notify::WaitKind;
 use crate::owner::Owner;
 use crate::scripts::{Script, SCRIPTS};
@@ -216,7 +218,7 @@ impl RwDriver {
         RwDriver {
             queue: QueueKeys::new(&keys),
             readers: keys.key("readers"),
-            fence: keys.key("fence"),
+            fence: keys.fence().to_owned(),
             done: keys.key("done"),
             keys,
             client,
@@ -287,7 +289,7 @@ impl Driver for RwDriver {
                 self.retry_window_ms().into(),
             ];
             let script = &SCRIPTS.rw_acquire;
-            let reply = run_ints(&self.client, script, self.keys.name(), keys, args).await?;
+            let reply = run_fenced_ints(&self.client, script, self.keys.name(), keys, args).await?;
             if reply.first() == Some(&-2) {
                 return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
             }
@@ -338,6 +340,7 @@ impl Driver for RwDriver {
             &self.keys,
             &SCRIPTS.rw_force_unlock,
             keys,
+            vec![],
         ))
     }
 
