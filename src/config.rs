@@ -143,7 +143,10 @@ impl Default for Config {
 // whole default `Config`. A configuration is a map of named fields: the derived code (above,
 // as inherent functions through `remote = "Self"`) only ever sees one.
 impl Serialize for Config {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+    fn serialize<S: serde::Serializer>(
+        &self,
+        serializer: S,
+    ) -> std::result::Result<S::Ok, S::Error> {
         Config::serialize(self, serializer)
     }
 }

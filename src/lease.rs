@@ -473,7 +473,10 @@ pub(crate) async fn verify_holds(core: &Core) {
         Default::default();
     for hold in core.holds.all() {
         if hold.lost_cause().is_none() {
-            let key = (hold.driver.renew_script().name(), hold.driver.keys().shard());
+            let key = (
+                hold.driver.renew_script().name(),
+                hold.driver.keys().shard(),
+            );
             batches.entry(key).or_default().push(hold);
         }
     }

@@ -153,7 +153,8 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library = ["check", "notify", "hold", "queue", "rw", "fair", "fence"].contains(file);
+            let library =
+                ["check", "notify", "hold", "queue", "rw", "fair", "fence"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");
