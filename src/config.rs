@@ -434,6 +434,57 @@ mod tests {
     }
 
     #[test]
+    fn only_a_map_is_a_config() {
+        for text in ["[]", "[\"redis://127.0.0.1:6379\"]", "null", "7"] {
+            assert!(
+                serde_json::from_str::<Config>(text).is_err(),
+                "{text} was taken for a Config"
+            );
+        }
+        let config: Config = serde_json::from_str(r#"{"shards": 4}"#).unwrap();
+        assert_eq!(config.shards, 4);
+        let back: Config = serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+        assert_eq!(back.shards, 4);
+    }
+
+    #[test]
+    fn served_url_schemes_only() {
+        for url in [
+            "redis://h:6379",
+            "valkey://h",
+            "redis-cluster://h:7000",
+            "redis-sentinel://h:26379/?sentinelServiceName=m",
+        ] {
+            assert!(check_url(url).is_ok(), "{url}");
+        }
+        for url in ["http://h:6379", "h:6379", "", "redis+unix:///tmp/s", "memcached://h"] {
+            assert!(
+                matches!(check_url(url), Err(Error::InvalidConfig(_))),
+                "{url}"
+            );
+        }
+        assert_eq!(check_url("rediss://h").is_ok(), cfg!(feature = "tls"));
+    }
+
+    #[test]
+    fn ranges_are_inclusive_at_both_ends() {
+        let with = |f: fn(&mut Config)| {
+            let mut config = Config::default();
+            f(&mut config);
+            config.validate()
+        };
+        assert!(with(|c| c.stream_max_len = MAX_STREAM_LEN).is_ok());
+        assert!(with(|c| c.stream_max_len = MAX_STREAM_LEN + 1).is_err());
+        assert!(with(|c| c.replica_acks = 64).is_ok());
+        assert!(with(|c| c.replica_acks = 65).is_err());
+        assert!(with(|c| c.handover_streak = 0).is_ok());
+        assert!(with(|c| c.handover_streak = 65).is_err());
+        assert!(with(|c| c.notifier_block = Duration::from_millis(100)).is_ok());
+        assert!(with(|c| c.notifier_block = Duration::from_millis(99)).is_err());
+        assert!(with(|c| c.reconnect_max_delay = Duration::from_secs(61)).is_err());
+    }
+
+    #[test]
     fn passwords_never_show() {
         let config = Config::new("redis://user:s3cret@localhost:6379/0");
         let shown = format!("{config:?}");
