@@ -280,14 +280,10 @@ fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
         (LockKind::Fair, "FairMutex FIFO inversions = 0", |_, r| {
             (r.result.inversions.to_string(), r.result.inversions == 0)
         }),
-        (
-            LockKind::Mutex,
-            "violations = 0 (Mutex; all locks in the table)",
-            |_, r| {
-                let v = r.result.violations();
-                (v.to_string(), v == 0)
-            },
-        ),
+        (LockKind::Mutex, "Mutex violations = 0", |_, r| {
+            let v = r.result.violations();
+            (v.to_string(), v == 0)
+        }),
     ];
     let modes: Vec<NotificationMode> = {
         let mut modes: Vec<NotificationMode> = Vec::new();
