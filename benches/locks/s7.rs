@@ -1,0 +1,164 @@
+//! S7, scale: the S2 loop (see [`crate::loops`]) at several shapes, processes × tasks per
+//! process (`--s7-shapes`, default 4×4, 16×1, 64×1), for every lock of `--s7-locks`: fredlock
+//! `Mutex`, `FairMutex` and the write side of `RwLock` in every mode, and the peers (naive,
+//! rslock) once. `--s7-seconds` (3; 1.5 with `--quick`) per row.
+//!
+//! Per row: acquisitions/s, Redis commands per acquisition (`INFO commandstats` deltas over
+//! the window, calls inside scripts included, `INFO` and the critical section's `GET` + `SET`
+//! excluded), Redis CPU per acquisition (`INFO cpu` used_cpu_sys + used_cpu_user delta),
+//! client CPU per acquisition (the worker processes' utime + stime from `/proc/<pid>/stat`),
+//! wait p50/p99/max, violations and FIFO inversions, each beside the row's PING p50.
+
+use fredlock::NotificationMode;
+use serde_json::{json, Value as Json};
+
+use crate::loop_stats::LoopResult;
+use crate::loops::{run_loop, subject, LoopSpec};
+use crate::options::{mode_name, Shape};
+use crate::peers::LockKind;
+use crate::run::ModeCtx;
+
+/// `Mutex` targets (issue #15): commands per acquisition, longest wait (µs).
+pub const MUTEX_COMMANDS: f64 = 8.0;
+pub const MUTEX_LONGEST_WAIT_US: f64 = 100_000.0;
+/// `FairMutex` targets: commands per acquisition, longest wait (µs), share of the best peer's
+/// acquisitions/s.
+pub const FAIR_COMMANDS: f64 = 10.0;
+pub const FAIR_LONGEST_WAIT_US: f64 = 20_000.0;
+pub const FAIR_THROUGHPUT_SHARE: f64 = 0.8;
+/// "Flat in the number of processes": acquisitions/s at the most processes at least this share
+/// of those at the fewest, and commands per acquisition at most this factor of theirs.
+pub const FLAT_THROUGHPUT_SHARE: f64 = 0.8;
+pub const FLAT_COMMANDS_FACTOR: f64 = 1.2;
+
+/// One S7 row.
+pub struct S7Row {
+    pub shape: Shape,
+    pub kind: LockKind,
+    /// `None` for the peers.
+    pub mode: Option<NotificationMode>,
+    pub result: LoopResult,
+}
+
+impl S7Row {
+    pub fn subject(&self) -> String {
+        subject(self.kind, self.mode.unwrap_or(NotificationMode::Stream))
+    }
+
+    pub fn json(&self) -> Json {
+        json!({
+            "shape": self.shape.label(),
+            "processes": self.shape.processes,
+            "tasks": self.shape.tasks,
+            "lock": self.kind.name(),
+            "mode": self.mode.map(mode_name),
+            "result": self.result.json(),
+        })
+    }
+}
+
+pub struct S7Result {
+    pub seconds: f64,
+    pub rows: Vec<S7Row>,
+}
+
+impl S7Result {
+    /// The rows of one lock in one mode, in shape order.
+    pub fn rows_of(&self, kind: LockKind, mode: NotificationMode) -> Vec<&S7Row> {
+        self.rows
+            .iter()
+            .filter(|r| r.kind == kind && (r.mode == Some(mode) || r.mode.is_none()))
+            .collect()
+    }
+
+    fn peers_at(&self, shape: Shape) -> impl Iterator<Item = &LoopResult> {
+        self.rows
+            .iter()
+            .filter(move |r| r.shape == shape && r.kind.is_peer())
+            .map(|r| &r.result)
+    }
+
+    /// The best peer's acquisitions/s at `shape`.
+    pub fn best_peer_throughput(&self, shape: Shape) -> Option<f64> {
+        self.peers_at(shape).map(|r| r.acq_per_s).reduce(f64::max)
+    }
+
+    /// The best (lowest) peer Redis CPU µs per acquisition at `shape`.
+    pub fn best_peer_redis_cpu(&self, shape: Shape) -> Option<f64> {
+        self.peers_at(shape)
+            .map(|r| r.cpu_per_acquisition().1)
+            .reduce(f64::min)
+    }
+
+    pub fn json(&self) -> Json {
+        json!({
+            "seconds": self.seconds,
+            "rows": self.rows.iter().map(S7Row::json).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Whether `rows` (one lock, one mode, in shape order) stay flat from the fewest processes to
+/// the most: (text, met).
+pub fn flatness(rows: &[&S7Row]) -> Option<(String, bool)> {
+    let fewest = rows.iter().min_by_key(|r| r.shape.processes)?;
+    let most = rows.iter().max_by_key(|r| r.shape.processes)?;
+    if fewest.shape.processes == most.shape.processes {
+        return None;
+    }
+    let throughput = most.result.acq_per_s / fewest.result.acq_per_s.max(1e-9);
+    let commands =
+        most.result.commands_per_acquisition() / fewest.result.commands_per_acquisition().max(1e-9);
+    Some((
+        format!(
+            "{} → {}: acq/s {throughput:.2}×, commands/acq {commands:.2}×",
+            fewest.shape.label(),
+            most.shape.label()
+        ),
+        throughput >= FLAT_THROUGHPUT_SHARE && commands <= FLAT_COMMANDS_FACTOR,
+    ))
+}
+
+pub async fn run_s7(ctxs: &[ModeCtx<'_>]) -> Result<S7Result, String> {
+    let Some(first) = ctxs.first() else {
+        return Err("no mode selected".into());
+    };
+    let args = first.args;
+    let mut rows = Vec::new();
+    for &shape in &args.s7_shapes {
+        for &kind in &args.s7_locks {
+            let ctxs: &[ModeCtx<'_>] = if kind.is_peer() {
+                std::slice::from_ref(first)
+            } else {
+                ctxs
+            };
+            for ctx in ctxs {
+                let spec = LoopSpec {
+                    label: format!("s7 {} {}", shape.label(), kind.name()),
+                    lock: kind,
+                    name: format!(
+                        "bench-s7-{}-{}x{}",
+                        kind.name(),
+                        shape.processes,
+                        shape.tasks
+                    ),
+                    read_share: 0.0,
+                    processes: shape.processes,
+                    tasks: shape.tasks,
+                    seconds: args.s7_seconds,
+                };
+                let result = run_loop(ctx, &spec).await?;
+                rows.push(S7Row {
+                    shape,
+                    kind,
+                    mode: (!kind.is_peer()).then_some(ctx.mode),
+                    result,
+                });
+            }
+        }
+    }
+    Ok(S7Result {
+        seconds: args.s7_seconds,
+        rows,
+    })
+}
