@@ -353,9 +353,10 @@ async fn init_client(client: &Client, config: &Config) -> Result<()> {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(err)) => {
             let _ = client.quit().await;
-            Err(match err.kind() {
-                fred::error::ErrorKind::Auth => Error::Auth(err),
-                _ => Error::Connect(err),
+            Err(if Error::is_auth_refusal(&err) {
+                Error::Auth(err)
+            } else {
+                Error::Connect(err)
             })
         }
         Err(_) => {

@@ -140,11 +140,31 @@ impl Error {
         if details.contains("OOM ") || details.starts_with("OOM") {
             return Error::OutOfMemory(err);
         }
+        if Error::is_auth_refusal(&err) {
+            return Error::Auth(err);
+        }
         match err.kind() {
             ErrorKind::Timeout => Error::Timeout(err),
-            ErrorKind::Auth => Error::Auth(err),
             _ => Error::Redis(err),
         }
+    }
+
+    /// True when `err` is the server refusing the connection's credentials, in the words of
+    /// any supported version: `WRONGPASS` and `NOAUTH` (fred's `ErrorKind::Auth`), Redis 5.0's
+    /// `ERR invalid password`, a password sent to a server that has none (5.0: `ERR Client
+    /// sent AUTH, but no password is set`; 6.0+: `ERR AUTH <password> called without any
+    /// password configured ...`), and a user name sent to a server without ACLs (before 6.0,
+    /// `AUTH` takes one argument).
+    pub(crate) fn is_auth_refusal(err: &fred::error::Error) -> bool {
+        const REFUSALS: [&str; 4] = [
+            "ERR invalid password",
+            "ERR Client sent AUTH, but no password is set",
+            "ERR AUTH <password> called without any password configured",
+            "ERR wrong number of arguments for 'auth' command",
+        ];
+        let details = err.details();
+        matches!(err.kind(), fred::error::ErrorKind::Auth)
+            || REFUSALS.iter().any(|refusal| details.starts_with(refusal))
     }
 
     /// True when the same attempt may succeed if repeated soon: the command timed out, the
@@ -233,6 +253,39 @@ mod tests {
 
     fn redis(kind: ErrorKind, details: &'static str) -> Error {
         Error::from_redis(FredError::new(kind, details), "lock", "key")
+    }
+
+    #[test]
+    fn every_versions_auth_refusal_is_an_auth_error() {
+        for refusal in [
+            redis(ErrorKind::Auth, "WRONGPASS invalid username-password pair"),
+            redis(ErrorKind::Auth, "NOAUTH Authentication required."),
+            redis(ErrorKind::Unknown, "ERR invalid password"),
+            redis(
+                ErrorKind::Unknown,
+                "ERR Client sent AUTH, but no password is set",
+            ),
+            redis(
+                ErrorKind::Unknown,
+                "ERR AUTH <password> called without any password configured for the default \
+                 user. Are you sure your configuration is correct?",
+            ),
+            redis(
+                ErrorKind::Unknown,
+                "ERR wrong number of arguments for 'auth' command",
+            ),
+        ] {
+            assert!(matches!(refusal, Error::Auth(_)), "{refusal:?}");
+        }
+        for other in [
+            redis(ErrorKind::Unknown, "ERR Error running script"),
+            redis(
+                ErrorKind::Unknown,
+                "ERR wrong number of arguments for 'set' command",
+            ),
+        ] {
+            assert!(matches!(other, Error::Redis(_)), "{other:?}");
+        }
     }
 
     #[test]

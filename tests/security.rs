@@ -346,6 +346,11 @@ fn acl_list_covers_every_script_command() {
     );
 }
 
+/// The oldest server that has everything [`acl_setuser`] needs: ACL users (6.0) with channel
+/// rules (`&pattern`, 6.2).
+const ACL_VERSION: (u32, u32, u32) = (6, 2, 0);
+const ACL_WHY: &str = "ACL users with channel rules";
+
 /// `ACL SETUSER` arguments for a user confined to `{prefix:*` with [`ACL_COMMANDS`].
 fn acl_setuser(user: &str, password: &str, prefix: &str) -> Vec<String> {
     let mut args: Vec<String> = ["ACL", "SETUSER", user, "reset", "on"]
@@ -491,6 +496,9 @@ async fn rwlock_handoff(a: &fredlock::RwLock, b: &fredlock::RwLock, waiting_clie
 /// notification modes, and the server records no permission failure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
+    if !support::requires(ACL_VERSION, ACL_WHY) {
+        return;
+    }
     let server = RedisServer::start();
     create_acl_user(&server, "locker", "pw-acl", "acl");
     let url = format!("redis://locker:pw-acl@127.0.0.1:{}", server.port());
@@ -549,6 +557,9 @@ async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
 /// nor read, write or script keys outside its prefix, nor run admin commands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_refuses_other_prefixes_and_keys() {
+    if !support::requires(ACL_VERSION, ACL_WHY) {
+        return;
+    }
     let server = RedisServer::start();
     create_acl_user(&server, "locker", "pw-acl", "acl");
     let url = format!("redis://locker:pw-acl@127.0.0.1:{}", server.port());
@@ -911,6 +922,9 @@ mod tls {
     /// and notifier) uses the TLS port.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tls_lock_cycle_and_event_wakeup() {
+        if !support::requires((6, 0, 0), "TLS") {
+            return;
+        }
         let certs = tempfile::tempdir().expect("tempdir");
         make_certificates(certs.path());
         let (server, tls_port) = start_tls_server(certs.path());
@@ -953,6 +967,9 @@ mod tls {
     /// A client that does not trust the server's CA is refused with a connect error.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tls_untrusted_certificate_is_refused() {
+        if !support::requires((6, 0, 0), "TLS") {
+            return;
+        }
         let certs = tempfile::tempdir().expect("tempdir");
         make_certificates(certs.path());
         let (_server, tls_port) = start_tls_server(certs.path());

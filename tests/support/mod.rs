@@ -367,9 +367,14 @@ impl RedisServer {
         (parts[1].to_owned(), parts[2].to_owned())
     }
 
-    /// FLUSHALL (synchronously); panics unless the server answers OK.
+    /// FLUSHALL (synchronously); panics unless the server answers OK. The `SYNC` option exists
+    /// from Redis 6.2 on; before, a plain FLUSHALL is always synchronous.
     pub fn flushall(&self) {
-        let reply = self.cmd(&["FLUSHALL", "SYNC"]);
+        let reply = if server_version() >= (6, 2, 0) {
+            self.cmd(&["FLUSHALL", "SYNC"])
+        } else {
+            self.cmd(&["FLUSHALL"])
+        };
         assert_eq!(reply, Resp::Simple("OK".into()), "FLUSHALL failed");
     }
 }
@@ -415,24 +420,62 @@ fn read_log(dir: &Path) -> String {
     }
 }
 
-/// Startup arguments that give an older server the Redis 7 defaults the tests rely on
-/// (see `scripts/test-matrix`). Empty for Redis 7+ and Valkey, so their behaviour is unchanged.
-///
-/// * Redis 6.2 defaults `acl-pubsub-default` to `allchannels` (7.0: `resetchannels`), so
-///   `ACL SETUSER u reset ... &{prefix:*` is refused there. The option exists since 6.2.
-fn compat_args() -> &'static [&'static str] {
-    static REDIS_6_2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let is_6_2 = *REDIS_6_2.get_or_init(|| {
-        let out = Command::new(redis_server_bin())
+/// Version of the server binary the tests run ([`redis_server_bin`]), from its `--version`
+/// output (`Redis server v=6.2.14 sha=...`). Valkey reports its own version, which starts at
+/// 7.2 and has every Redis 7.2 feature, so comparisons against Redis versions hold for it too.
+/// Panics if the version cannot be read: every check that depends on it would be wrong.
+pub fn server_version() -> (u32, u32, u32) {
+    static VERSION: std::sync::OnceLock<(u32, u32, u32)> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        let bin = redis_server_bin();
+        let out = Command::new(&bin)
             .arg("--version")
             .stdin(Stdio::null())
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
-        // "Redis server v=6.2.14 sha=..."
-        out.starts_with("Redis server v=6.2.")
-    });
-    if is_6_2 {
+        let parsed = out
+            .split_whitespace()
+            .find_map(|word| word.strip_prefix("v="))
+            .map(|v| v.split('.').map(str::parse::<u32>).collect::<Vec<_>>());
+        match parsed.as_deref() {
+            Some([Ok(major), Ok(minor), Ok(patch)]) => (*major, *minor, *patch),
+            _ => panic!("cannot read the version of {}: {out:?}", bin.display()),
+        }
+    })
+}
+
+/// True when the server is at least version `min`. Otherwise prints why the calling test
+/// skips (`skipped: <why> ...`) and returns false; the test then returns at once:
+///
+/// ```ignore
+/// if !support::requires((6, 0, 0), "ACL users") {
+///     return;
+/// }
+/// ```
+pub fn requires(min: (u32, u32, u32), why: &str) -> bool {
+    let version = server_version();
+    if version >= min {
+        return true;
+    }
+    let v = |(a, b, c): (u32, u32, u32)| format!("{a}.{b}.{c}");
+    eprintln!(
+        "skipped: {why} (needs Redis {} or later; the server is {})",
+        v(min),
+        v(version)
+    );
+    false
+}
+
+/// Startup arguments that give an older server the Redis 7 defaults the tests rely on
+/// (see `scripts/test-matrix`). Empty for Redis 7+ and Valkey, so their behaviour is unchanged.
+///
+/// * Redis 6.2 defaults `acl-pubsub-default` to `allchannels` (7.0: `resetchannels`), so
+///   `ACL SETUSER u reset ... &{prefix:*` is refused there. The option exists since 6.2
+///   (and so does the problem: before 6.2, ACL users have no channel rules at all).
+fn compat_args() -> &'static [&'static str] {
+    let (major, minor, _) = server_version();
+    if (major, minor) == (6, 2) {
         &["--acl-pubsub-default", "resetchannels"]
     } else {
         &[]

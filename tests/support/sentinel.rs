@@ -85,7 +85,8 @@ impl SentinelSetup {
             .expect("known server")
     }
 
-    /// Waits until all sentinels agree on the master, see the replica, and it is in sync.
+    /// Waits until all sentinels agree on the master and could promote every replica, and the
+    /// replicas are in sync.
     pub fn wait_ready(&self) {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -111,10 +112,15 @@ impl SentinelSetup {
                 .and_then(|p| p.parse::<u16>().ok())
                 == Some(master)
         });
-        let replicas_known = self.sentinels.iter().all(|s| {
-            s.cmd(&["SENTINEL", "REPLICAS", SERVICE])
-                .map(|r| !r.as_array().is_empty())
-                .unwrap_or(false)
+        let replicas: Vec<u16> = self
+            .servers
+            .iter()
+            .filter(|s| s.is_running() && s.port() != master)
+            .map(RedisServer::port)
+            .collect();
+        let promotable = self.sentinels.iter().all(|s| {
+            let ports = promotable_replicas(s, master);
+            replicas.iter().all(|port| ports.contains(port))
         });
         let synced = self
             .servers
@@ -129,7 +135,7 @@ impl SentinelSetup {
                             && i.contains(&format!("master_port:{master}"))
                     })
             });
-        agreed && replicas_known && synced
+        agreed && promotable && synced
     }
 
     /// Waits until the sentinels name a master other than `old`.
@@ -143,6 +149,47 @@ impl SentinelSetup {
             thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// Ports of the replicas of `master` that `sentinel` would promote now, by the rules of its
+/// replica selection: the sentinel reaches the replica (no `disconnected`, `s_down` or
+/// `o_down` flag), priority is not 0, and the replica's last `INFO` reply showed its link to
+/// this master up (`master-link-status` ok, `master-link-down-time` 0).
+///
+/// The replica's own `INFO` saying `master_link_status:up` is not enough: a sentinel polls a
+/// replica's `INFO` only every second while its link is down, and Redis 5.0 reports a replica
+/// that never reached its master as `master_link_down_since_seconds:<now>`, down since 1970
+/// (6.2 and later: -1). For up to a second after the replica synced, the sentinel still holds
+/// that figure, far beyond the 10 x down-after-milliseconds it accepts, and `SENTINEL FAILOVER`
+/// answers `NOGOODSLAVE No suitable replica to promote`.
+fn promotable_replicas(sentinel: &Sentinel, master: u16) -> Vec<u16> {
+    let Ok(reply) = sentinel.cmd(&["SENTINEL", "REPLICAS", SERVICE]) else {
+        return Vec::new();
+    };
+    reply
+        .as_array()
+        .iter()
+        .filter_map(|replica| {
+            // A flat array of field names and values.
+            let fields = replica.as_array();
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|pair| pair[0].as_str().as_deref() == Some(name))
+                    .and_then(|pair| pair.get(1)?.as_str())
+            };
+            let promotable = field("flags").as_deref() == Some("slave")
+                && field("slave-priority").is_some_and(|p| p != "0")
+                && field("master-link-status").as_deref() == Some("ok")
+                && field("master-link-down-time").as_deref() == Some("0")
+                && field("master-port") == Some(master.to_string());
+            if promotable {
+                field("port")?.parse().ok()
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 fn start_sentinel(master_port: u16) -> Sentinel {
