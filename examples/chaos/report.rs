@@ -80,37 +80,52 @@ pub fn print_cell(cell: &CellReport) {
     }
 }
 
-pub fn results_table(reports: &[CellReport]) -> String {
-    let mut out = String::from(
-        "| Scenario | Mode | Lock | Sections | Violations | Stale rejected | Overlaps \
-         | Lost | Longest wait (ms) | Waits > lease (+ still waiting at the end) \
-         | lock() errors OOM / other \
-         | unlock() failed | Safe |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
-    );
-    for cell in reports {
+/// A table with a row per cell and lock type: scenario, mode and lock, then `columns`.
+fn kind_table<'a>(
+    header: &str,
+    cells: impl Iterator<Item = &'a CellReport>,
+    columns: impl Fn(&CellReport, &KindReport) -> Vec<String>,
+) -> String {
+    let mut out = String::from(header);
+    for cell in cells {
         for k in &cell.kinds {
-            let (r, w) = (&k.resource, &k.workers);
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+                "| {} | {} | {} | {} |",
                 cell.scenario.name(),
                 mode_name(cell.mode),
                 k.kind.name(),
-                r.accepted,
-                r.violations + r.duplicates,
-                r.stale,
-                r.overlaps,
-                w.lost,
-                w.max_wait_ms,
-                long_waits(w),
-                w.oom_errors,
-                w.lock_errors,
-                w.unlock_errors + w.unlock_not_held,
-                if k.safe(cell.hung) { "yes" } else { "**NO**" }
+                columns(cell, k).join(" | ")
             );
         }
     }
     out
+}
+
+fn yes_no(ok: bool) -> String {
+    (if ok { "yes" } else { "**NO**" }).to_owned()
+}
+
+pub fn results_table(reports: &[CellReport]) -> String {
+    let header = "| Scenario | Mode | Lock | Sections | Violations | Stale rejected | Overlaps \
+         | Lost | Longest wait (ms) | Waits > lease (+ still waiting at the end) \
+         | lock() errors OOM / other \
+         | unlock() failed | Safe |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    kind_table(header, reports.iter(), |cell, k| {
+        let (r, w) = (&k.resource, &k.workers);
+        vec![
+            r.accepted.to_string(),
+            (r.violations + r.duplicates).to_string(),
+            r.stale.to_string(),
+            r.overlaps.to_string(),
+            w.lost.to_string(),
+            w.max_wait_ms.to_string(),
+            long_waits(w),
+            format!("{} / {}", w.oom_errors, w.lock_errors),
+            (w.unlock_errors + w.unlock_not_held).to_string(),
+            yes_no(k.safe(cell.hung)),
+        ]
+    })
 }
 
 /// `n`, or `n (+m)` when `m` calls were still waiting at the end after more than a lease.
@@ -124,44 +139,33 @@ fn long_waits(w: &KindStats) -> String {
 
 /// The data-loss scenarios' own numbers; empty when none ran.
 pub fn data_loss_table(reports: &[CellReport]) -> String {
-    let cells: Vec<&CellReport> = reports.iter().filter(|c| c.scenario.data_loss()).collect();
-    if cells.is_empty() {
+    if !reports.iter().any(|c| c.scenario.data_loss()) {
         return String::new();
     }
-    let mut out = String::from(
-        "| Scenario | Mode | Lock | Sections | Violations / overlaps \
+    let header = "| Scenario | Mode | Lock | Sections | Violations / overlaps \
          | Late writes refused | Late writes accepted | Holds across a loss \
          | lost() fired / survived / vanished unreported | lost() after server back, max (ms) \
          | lost() causes (all guards) | Longest wait (ms) | Met |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
-    );
-    for cell in cells {
-        for k in &cell.kinds {
-            let (r, w) = (&k.resource, &k.workers);
-            let _ =
-                writeln!(
-                out,
-                "| {} | {} | {} | {} | {} / {} | {} | {} | {} | {} / {} / {} | {} | {} | {} | {} |",
-                cell.scenario.name(),
-                mode_name(cell.mode),
-                k.kind.name(),
-                r.accepted,
-                r.violations + r.duplicates,
-                r.overlaps,
-                r.late_refused,
-                r.late_accepted,
-                w.across_loss,
-                w.across_reported,
-                w.across_survived,
-                w.across_unreported,
-                w.max_lost_after_back_ms,
-                w.causes(),
-                w.max_wait_ms,
-                if k.loss_reported(cell.hung) { "yes" } else { "**NO**" }
-            );
-        }
-    }
-    out
+         |---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n";
+    let cells = reports.iter().filter(|c| c.scenario.data_loss());
+    kind_table(header, cells, |cell, k| {
+        let (r, w) = (&k.resource, &k.workers);
+        vec![
+            r.accepted.to_string(),
+            format!("{} / {}", r.violations + r.duplicates, r.overlaps),
+            r.late_refused.to_string(),
+            r.late_accepted.to_string(),
+            w.across_loss.to_string(),
+            format!(
+                "{} / {} / {}",
+                w.across_reported, w.across_survived, w.across_unreported
+            ),
+            w.max_lost_after_back_ms.to_string(),
+            w.causes(),
+            w.max_wait_ms.to_string(),
+            yes_no(k.loss_reported(cell.hung)),
+        ]
+    })
 }
 
 pub fn faults_table(reports: &[CellReport]) -> String {
