@@ -91,7 +91,8 @@ pub async fn inject(cell: &Arc<Cell>) {
             let _ = cell.pause(u64::MAX / 4).await;
         }
         Scenario::ClientKill => client_kill(cell, 100, 300).await,
-        Scenario::Restart | Scenario::RestartNoPersistence => restart(cell, 4000).await,
+        Scenario::Restart => restart(cell, 4000).await,
+        Scenario::RestartNoPersistence => restart(cell, 5000).await,
         Scenario::SigStop => sigstop(cell, 3000).await,
         Scenario::SigKill => sigkill(cell, 3000).await,
         Scenario::ScriptFlush => script_flush(cell, 200).await,

@@ -230,6 +230,7 @@ fn for_users(reports: &[CellReport]) -> String {
             .iter()
             .map(|(_, _, k)| k.workers.across_unreported)
             .sum();
+        let untold: u64 = loss.iter().map(|(_, _, k)| k.workers.stale_not_lost).sum();
         let slowest = loss
             .iter()
             .map(|(_, _, k)| k.workers.max_lost_after_back_ms)
@@ -240,8 +241,10 @@ fn for_users(reports: &[CellReport]) -> String {
             out,
             "* **When Redis loses its data** (restart without persistence, `FLUSHALL`, failover \
              to a replica): {accepted} late writes of old holders were accepted by the \
-             token-checking resource and {refused} refused; {unreported} holds vanished \
-             without `lost()` firing in time; the slowest `lost()` came {slowest} ms after the \
+             token-checking resource and {refused} refused; {untold} writes of current \
+             holders were refused without `lost()` telling them (their token was lower than \
+             one from before the loss); {unreported} holds vanished without `lost()` firing \
+             in time; the slowest `lost()` came {slowest} ms after the \
              server was back. {}",
             if met {
                 "Every vanished hold was reported within a second and fencing kept refusing \
