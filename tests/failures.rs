@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::time::Duration;
 
@@ -81,6 +82,7 @@ fn fnv1a32(bytes: &[u8]) -> u32 {
 struct MutexKeys {
     tag: String,
     hold: String,
+    /// The fence key of the lock's shard (shared by every lock of the shard).
     fence: String,
     wait: String,
 }
@@ -90,10 +92,38 @@ fn mutex_keys(prefix: &str, shards: u16, name: &str) -> MutexKeys {
     let tag = format!("{{{prefix}:{shard}}}");
     MutexKeys {
         hold: format!("{tag}:mutex:{name}"),
-        fence: format!("{tag}:mutex.fence:{name}"),
+        fence: format!("{tag}:fence"),
         wait: format!("{tag}:mutex.wait:{name}"),
         tag,
     }
+}
+
+/// The layout record of a key prefix.
+fn layout_key(prefix: &str) -> String {
+    format!("{{{prefix}:layout}}")
+}
+
+/// Whether `key` is the liveness marker of one client of `prefix`:
+/// `{P:layout}:client:<16 hex digits>`.
+fn is_client_marker(prefix: &str, key: &str) -> bool {
+    key.strip_prefix(&format!("{}:client:", layout_key(prefix)))
+        .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A shard fence key's value, `"<last token>|<layout stamp>"`, split (panics on any other
+/// shape).
+fn fence_value(server: &RedisServer, fence: &str) -> (u64, String) {
+    let value = server
+        .cmd(&["GET", fence])
+        .as_str()
+        .unwrap_or_else(|| panic!("fence key {fence:?} missing"));
+    let (last, stamp) = value
+        .split_once('|')
+        .unwrap_or_else(|| panic!("fence key {fence:?} holds {value:?}"));
+    let last = last
+        .parse()
+        .unwrap_or_else(|e| panic!("fence key {fence:?} holds {value:?}: {e}"));
+    (last, stamp.to_owned())
 }
 
 /// The owner field of a hold hash (None when free or only a tombstone is left).
@@ -227,15 +257,24 @@ async fn invalid_names_leases_and_timeouts_are_typed_errors() {
     assert_eq!(state.fencing_token, Some(guard.fencing_token()));
     bounded("unlock", guard.unlock()).await.expect("unlock");
 
-    // Nothing was written for the rejected names: only the layout and the two valid locks.
+    // Nothing was written for the rejected names: only the layout record, this client's
+    // marker, the (one) shard's fence key and events, and the two valid locks.
     let keys = server.keys(&format!("*{prefix}*"));
+    let fence = mutex_keys(prefix, 1, "leases").fence;
     assert!(
         keys.iter().all(|k| k.contains("leases")
             || k.contains('é')
-            || k.ends_with(":layout}")
+            || *k == layout_key(prefix)
+            || is_client_marker(prefix, k)
+            || *k == fence
             || k.ends_with(":events")
             || k.ends_with(":seq")),
         "unexpected keys: {keys:?}"
+    );
+    assert!(keys.contains(&fence), "no shard fence key: {keys:?}");
+    assert!(
+        keys.iter().filter(|k| is_client_marker(prefix, k)).count() <= 1,
+        "one client, at most one marker: {keys:?}"
     );
     bounded("shutdown", locks.shutdown())
         .await
@@ -255,6 +294,7 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
         "nul\0byte",
         "all{\n\0}:*?[x]",
         "mutex.fence:a",
+        "fence",
         "🔒 ünïcode",
     ];
     for mode in MODES {
@@ -262,8 +302,11 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
         let shards = 16;
         let locks = connect(config(&server.url(), &prefix, mode, shards)).await;
         let rival = connect(config(&server.url(), &prefix, mode, shards)).await;
+        // The last token seen per shard fence key: tokens strictly increase per shard.
+        let mut last_tokens: HashMap<String, u64> = HashMap::new();
         for name in names {
             let keys = mutex_keys(&prefix, shards, name);
+            let last_token = last_tokens.get(&keys.fence).copied().unwrap_or(0);
             let mutex = locks.mutex(name).expect("odd name is valid");
             assert_eq!(mutex.name(), name);
             let guard = bounded("lock", mutex.lock())
@@ -277,10 +320,18 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 "{mode:?} {name:?}: hold key {:?}",
                 keys.hold
             );
+            // The shard's fence key records this token as the shard's last, stamped with
+            // the prefix's layout.
+            let (last, stamp) = fence_value(&server, &keys.fence);
+            assert_eq!(last, token, "{mode:?} {name:?}: fence key");
             assert_eq!(
-                server.cmd(&["GET", &keys.fence]).as_int(),
-                token as i64,
-                "{mode:?} {name:?}: fence key"
+                server.cmd(&["GET", &layout_key(&prefix)]).as_str(),
+                Some(stamp),
+                "{mode:?} {name:?}: fence key stamp"
+            );
+            assert!(
+                token > last_token,
+                "{mode:?} {name:?}: token {token} after {last_token} in the same shard"
             );
 
             // A waiter from another client leaves the waiter marker.
@@ -305,7 +356,11 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 .filter(|k| k.ends_with(name) && k.contains(":mutex"))
                 .filter(|k| k.starts_with(&format!("{{{prefix}:")))
                 .collect();
-            assert_eq!(ours.len(), 3, "{mode:?} {name:?}: {ours:?}");
+            assert_eq!(ours.len(), 2, "{mode:?} {name:?}: {ours:?}");
+            assert!(
+                ours.contains(&&keys.hold) && ours.contains(&&keys.wait),
+                "{mode:?} {name:?}: {ours:?}"
+            );
             for key in &ours {
                 assert!(
                     key.starts_with(&keys.tag),
@@ -328,6 +383,8 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 .expect("join")
                 .expect("rival lock");
             assert!(next.fencing_token() > token);
+            assert_eq!(fence_value(&server, &keys.fence).0, next.fencing_token());
+            last_tokens.insert(keys.fence.clone(), next.fencing_token());
             bounded("unlock", next.unlock()).await.expect("unlock");
             let state = bounded("state", mutex.state()).await.expect("state");
             assert!(!state.locked, "{mode:?} {name:?}: {state:?}");
@@ -645,6 +702,9 @@ fn plant(server: &RedisServer, key: &str, kind: &str) -> Resp {
     server.cmd(&["DEL", key]);
     let reply = match kind {
         "string" => server.cmd(&["SET", key, "planted"]),
+        // Foreign strings at a fence key: no "<digits>|" prefix.
+        "hello" => server.cmd(&["SET", key, "hello"]),
+        "12" => server.cmd(&["SET", key, "12"]),
         "list" => server.cmd(&["RPUSH", key, "p1", "p2"]),
         "hash" => server.cmd(&["HSET", key, "x", "y"]),
         "set" => server.cmd(&["SADD", key, "m"]),
@@ -692,9 +752,21 @@ async fn foreign_values_at_hold_or_fence_key_give_wrong_type() {
             ("hold", "set"),
             ("fence", "list"),
             ("fence", "hash"),
+            ("fence", "hello"),
+            ("fence", "12"),
         ] {
             let name = format!("wt-{role}-{kind}");
             let keys = mutex_keys(&prefix, 1, &name);
+            // The fence key is the shard's: lock it once so that the fence key exists, then
+            // the foreign value replaces a real one (as a clobbering writer would).
+            let mutex = locks.mutex(&name).expect("mutex");
+            let guard = bounded("lock", mutex.lock()).await.expect("first lock");
+            bounded("unlock", guard.unlock())
+                .await
+                .expect("first unlock");
+            assert!(exists(&server, &keys.fence), "no shard fence key");
+            server.cmd(&["DEL", &keys.hold, &keys.wait]);
+            let fence_before = snapshot(&server, &keys.fence);
             let key = if role == "hold" {
                 &keys.hold
             } else {
@@ -702,7 +774,6 @@ async fn foreign_values_at_hold_or_fence_key_give_wrong_type() {
             };
             let planted = plant(&server, key, kind);
             let context = format!("{mode:?} {kind} at {role} key");
-            let mutex = locks.mutex(&name).expect("mutex");
 
             let err = bounded("try_lock", mutex.try_lock())
                 .await
@@ -723,14 +794,40 @@ async fn foreign_values_at_hold_or_fence_key_give_wrong_type() {
                 assert_wrong_type(&err, &name, &format!("{context}: force_unlock"));
             }
 
+            if role == "fence" {
+                // The fence key is shared by the shard: every lock of it is refused alike.
+                let sibling = format!("wt-{role}-{kind}-sibling");
+                let other = locks.mutex(&sibling).expect("mutex");
+                let err = bounded("try_lock", other.try_lock())
+                    .await
+                    .expect_err(&context);
+                assert_wrong_type(&err, &sibling, &format!("{context}: sibling try_lock"));
+                let sibling_keys = mutex_keys(&prefix, 1, &sibling);
+                assert!(
+                    !exists(&server, &sibling_keys.hold) && !exists(&server, &sibling_keys.wait),
+                    "{context}: sibling keys written"
+                );
+            }
+
             assert_eq!(snapshot(&server, key), planted, "{context}: value changed");
-            for other in [&keys.hold, &keys.fence, &keys.wait] {
+            for other in [&keys.hold, &keys.wait] {
                 if other != key {
                     assert!(!exists(&server, other), "{context}: {other:?} was written");
                 }
             }
+            if role == "hold" {
+                // No token was issued: the shard's fence key is as it was.
+                assert_eq!(
+                    snapshot(&server, &keys.fence),
+                    fence_before,
+                    "{context}: fence key changed"
+                );
+            }
             assert_eq!(locks.stats().waiting, 0, "{context}: waiter left behind");
             assert_eq!(locks.stats().held, 0, "{context}: hold left behind");
+            // Clean up: the shard's other locks need the fence key back (a missing one is
+            // created again at the next acquisition).
+            server.cmd(&["DEL", key]);
         }
 
         // Other locks of the same shard still work.
@@ -753,19 +850,46 @@ async fn non_numeric_fence_value_is_a_typed_error_and_left_alone() {
         let locks = connect(config_with(&server.url(), &prefix, mode)).await;
         let name = "fence-not-a-number";
         let keys = mutex_keys(&prefix, 1, name);
-        let planted = plant(&server, &keys.fence, "string");
         let mutex = locks.mutex(name).expect("mutex");
-        let err = bounded("try_lock", mutex.try_lock())
+        // A first acquisition creates the shard's fence key (and records the layout).
+        let guard = bounded("lock", mutex.lock()).await.expect("first lock");
+        let token = guard.fencing_token();
+        bounded("unlock", guard.unlock())
             .await
-            .expect_err("the fence counter is not a number");
-        // INCR answers "ERR value is not an integer": not WRONGTYPE, but a Redis error.
-        assert!(
-            matches!(err, Error::WrongType { .. } | Error::Redis(_)),
-            "{mode:?}: {err:?}"
-        );
-        shown(&err);
-        assert_eq!(snapshot(&server, &keys.fence), planted);
-        assert!(!exists(&server, &keys.hold), "{mode:?}: hold half-written");
+            .expect("first unlock");
+        let (_, stamp) = fence_value(&server, &keys.fence);
+        // (The release left a tombstone at the hold key; its TTL runs down.)
+        let hold_before = server.cmd(&["HGETALL", &keys.hold]);
+        // Strings that are not "<last token>|<layout>": foreign values, whatever the layout.
+        for value in [
+            "planted".to_owned(),
+            "12".to_owned(),
+            format!("x12|{stamp}"),
+            format!("|{stamp}"),
+        ] {
+            server.cmd(&["SET", &keys.fence, &value]);
+            let planted = snapshot(&server, &keys.fence);
+            let err = bounded("try_lock", mutex.try_lock())
+                .await
+                .expect_err("the fence value is not a token");
+            assert_wrong_type(&err, name, &format!("{mode:?} fence value {value:?}"));
+            assert_eq!(
+                snapshot(&server, &keys.fence),
+                planted,
+                "{mode:?} {value:?}"
+            );
+            assert_eq!(
+                server.cmd(&["HGETALL", &keys.hold]),
+                hold_before,
+                "{mode:?}: hold half-written"
+            );
+            assert!(!exists(&server, &keys.wait), "{mode:?}: marker written");
+        }
+        // With the fence key back, the lock works again, above the shard's last token.
+        server.cmd(&["SET", &keys.fence, &format!("{token}|{stamp}")]);
+        let guard = bounded("lock", mutex.lock()).await.expect("lock again");
+        assert!(guard.fencing_token() > token, "{mode:?}: token went back");
+        bounded("unlock", guard.unlock()).await.expect("unlock");
         bounded("shutdown", locks.shutdown())
             .await
             .expect("shutdown");
@@ -1004,7 +1128,8 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
         let rival = connect(config_with(&server.url(), &prefix, mode)).await;
 
         // Before OOM: a hold (with a waiter marker, so its release must emit an event), a busy
-        // lock, and a free lock whose fencing counter is at 1.
+        // lock, and a free lock that took the shard's last token (one shard: every lock of the
+        // prefix shares the fence key).
         let held = locks.mutex("oom-held").expect("mutex");
         let held_owner = Owner::new();
         let held_guard = bounded("lock", held.clone().with_owner(&held_owner).lock())
@@ -1055,8 +1180,20 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
         let fresh = locks.mutex("oom-fresh").expect("mutex");
         let fresh_keys = mutex_keys(&prefix, 1, "oom-fresh");
         let g = bounded("lock", fresh.lock()).await.expect("lock");
-        assert_eq!(g.fencing_token(), 1);
+        let fresh_token = g.fencing_token();
+        for earlier in [
+            held_guard.fencing_token(),
+            busy_guard.fencing_token(),
+            single_guard.fencing_token(),
+        ] {
+            assert!(
+                fresh_token > earlier,
+                "{mode:?}: {fresh_token} after {earlier}"
+            );
+        }
         bounded("unlock", g.unlock()).await.expect("unlock");
+        assert_eq!(fence_value(&server, &fresh_keys.fence).0, fresh_token);
+        let fence_before = snapshot(&server, &fresh_keys.fence);
 
         // Fill memory.
         fill_until_oom(&server, "oom-filler");
@@ -1078,7 +1215,11 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
             assert!(matches!(err, Error::OutOfMemory(_)), "{mode:?}: {err:?}");
         }
         assert_eq!(hold_owner(&server, &fresh_keys.hold), None);
-        assert_eq!(server.cmd(&["GET", &fresh_keys.fence]).as_int(), 1);
+        assert_eq!(
+            snapshot(&server, &fresh_keys.fence),
+            fence_before,
+            "{mode:?}: a failed attempt took a token"
+        );
         assert!(!exists(&server, &fresh_keys.wait));
         assert_eq!(
             locks.stats().held,
@@ -1165,12 +1306,19 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
         // Free the memory: everything works again, and the failed attempts used no token.
         server.cmd(&["DEL", "oom-filler"]);
         server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
-        let g = bounded("lock", fresh.lock()).await.expect("lock after OOM");
+        // (No release under OOM hands a lock over: the shard issued no token meanwhile.)
         assert_eq!(
-            g.fencing_token(),
-            2,
-            "{mode:?}: failed attempts took tokens"
+            snapshot(&server, &fresh_keys.fence),
+            fence_before,
+            "{mode:?}: a release under OOM took a token"
         );
+        let g = bounded("lock", fresh.lock()).await.expect("lock after OOM");
+        assert!(
+            g.fencing_token() > fresh_token,
+            "{mode:?}: token {} after {fresh_token}",
+            g.fencing_token()
+        );
+        assert_eq!(fence_value(&server, &fresh_keys.fence).0, g.fencing_token());
         bounded("unlock", g.unlock()).await.expect("unlock");
         bounded("unlock busy", busy_guard.unlock())
             .await

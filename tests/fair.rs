@@ -506,10 +506,10 @@ fn queue_order_breaks(log: &[Vec<String>]) -> usize {
 }
 
 /// The keys of fair lock `x` under prefix `t` (one shard), for the tests that call the scripts
-/// themselves: hold, fence, queue, alive, bids, events, seq.
+/// themselves: hold, fence (the shard's, `lua/lib/fence.lua`), queue, alive, bids, events, seq.
 const FAIR_X_KEYS: [&str; 7] = [
     "{t:0}:fair:x",
-    "{t:0}:fair.fence:x",
+    "{t:0}:fence",
     "{t:0}:fair.queue:x",
     "{t:0}:fair.alive:x",
     "{t:0}:fair.bids:x",
@@ -517,25 +517,56 @@ const FAIR_X_KEYS: [&str; 7] = [
     "{t:0}:events:seq",
 ];
 
+/// The layout stamp the Lua-level tests pass in their fence argument (any fixed string works:
+/// the scripts only compare it with the fence key's stamp).
+const LAYOUT: &str = "v-test shards=1 notification=stream";
+
+/// The fence argument `"<0|1><layout>"` (`lua/lib/fence.lua`): `create` lets a script create a
+/// missing fence key (a client passes it only after checking the layout record; a release
+/// never does).
+fn fence_arg(create: bool) -> String {
+    format!("{}{LAYOUT}", u8::from(create))
+}
+
+/// The last token recorded in a fence key (`"<last>|<layout>"`), and its stamp.
+fn fence_last(server: &RedisServer, fence: &str) -> (i64, String) {
+    let value = server
+        .cmd(&["GET", fence])
+        .as_str()
+        .unwrap_or_else(|| panic!("no fence key {fence}"));
+    let (last, stamp) = value
+        .split_once('|')
+        .unwrap_or_else(|| panic!("{fence}: {value:?}"));
+    (
+        last.parse()
+            .unwrap_or_else(|e| panic!("{fence}: {value:?}: {e}")),
+        stamp.to_owned(),
+    )
+}
+
 /// The hand-off protocol at the Lua level (`lua/lib/fair.lua`), step by step: a release grants
 /// the lock to the live head (its owner, its waiter id as op id, a lease no longer than what is
 /// left of its waiter lease, the next fencing token) and emits one `grant` event; a head whose
 /// event was lost is answered "acquired" by its next attempt without a second hold level; a
-/// head that gives up frees the grant it never took up; re-sent releases stay answered.
+/// head that gives up frees the grant it never took up; re-sent releases stay answered. The
+/// shard's fence key (`lua/lib/fence.lua`) refuses to issue a token when it is missing (unless
+/// the call may create it) or stamped with another layout, and a release then only names the
+/// head instead of granting.
 #[test]
 fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
     init_tracing();
     let server = RedisServer::start();
-    let (hold_lib, queue_lib) = (
+    let (hold_lib, queue_lib, fence_lib) = (
         include_str!("../lua/lib/hold.lua"),
         include_str!("../lua/lib/queue.lua"),
+        include_str!("../lua/lib/fence.lua"),
     );
     let (notify_lib, fair_lib, rw_lib) = (
         include_str!("../lua/lib/notify.lua"),
         include_str!("../lua/lib/fair.lua"),
         include_str!("../lua/lib/rw.lua"),
     );
-    let granting = [hold_lib, queue_lib, notify_lib, fair_lib];
+    let granting = [hold_lib, fence_lib, queue_lib, notify_lib, fair_lib];
     let acquire = support::composed(&granting, include_str!("../lua/fair_acquire.lua"));
     let release = support::composed(&granting, include_str!("../lua/fair_release.lua"));
     let leave = support::composed(
@@ -544,14 +575,15 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
     );
     let [hold, fence, queue, alive, bids, events, seq] = FAIR_X_KEYS;
     let ints = |reply: Resp| {
+        assert!(!reply.is_error(), "{reply:?}");
         reply
             .as_array()
             .iter()
             .map(Resp::as_int)
             .collect::<Vec<_>>()
     };
-    let try_take = |owner: &str, op: &str, waiter: &str, waiter_lease: &str| {
-        ints(server.cmd(&[
+    let attempt = |owner: &str, op: &str, waiter: &str, waiter_lease: &str, fence_arg: &str| {
+        server.cmd(&[
             "EVAL",
             &acquire,
             "7",
@@ -571,12 +603,34 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
             "1000",
             "fair:x",
             &format!("in-{owner}"),
-        ]))
+            fence_arg,
+        ])
     };
-    let give_back = |owner: &str, token: &str, op: &str| {
+    let try_take = |owner: &str, op: &str, waiter: &str, waiter_lease: &str| {
+        ints(attempt(owner, op, waiter, waiter_lease, &fence_arg(true)))
+    };
+    // A release never may create the fence key (the client passes 0).
+    let give_back = |owner: &str, token: i64, op: &str| {
         ints(server.cmd(&[
-            "EVAL", &release, "7", hold, queue, alive, events, seq, bids, fence, owner, token, op,
-            "0", "5000", "stream", "1000", "fair:x",
+            "EVAL",
+            &release,
+            "7",
+            hold,
+            queue,
+            alive,
+            events,
+            seq,
+            bids,
+            fence,
+            owner,
+            &token.to_string(),
+            op,
+            "0",
+            "5000",
+            "stream",
+            "1000",
+            "fair:x",
+            &fence_arg(false),
         ]))
     };
     let leave_queue = |waiter: &str| {
@@ -586,11 +640,60 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
         ]))
     };
     let field = |name: &str| server.cmd(&["HGET", hold, name]).as_str();
+    let held_token = || -> i64 {
+        field("f")
+            .expect("a hold")
+            .parse()
+            .expect("a numeric token")
+    };
     // Grants go to the inbox of the head's client alone (the bid's tag, "in-<owner>" here).
     let inbox = |owner: &str| format!("{events}:to:in-{owner}");
     let last_grant = |owner: &str| server.last_event(&inbox(owner));
+    let dump = || -> Vec<Option<Vec<u8>>> {
+        FAIR_X_KEYS
+            .iter()
+            .map(|key| server.cmd(&["DUMP", key]).as_bytes())
+            .collect()
+    };
+    // Every token issued so far (they strictly increase: one shard).
+    let mut tokens: Vec<i64> = Vec::new();
+    let mut issued = |token: i64, what: &str| {
+        assert!(
+            tokens.iter().all(|&earlier| token > earlier),
+            "{what}: token {token} not above every earlier one {tokens:?}"
+        );
+        tokens.push(token);
+    };
 
-    assert_eq!(try_take("a", "a-take", "wa", "3000"), vec![1, 1, 1]);
+    // The shard's first token: a call that may not create the fence key is refused, and so is
+    // a fence key stamped with another layout; neither changes anything.
+    let refused = attempt("a", "a-take", "wa", "3000", &fence_arg(false));
+    assert_eq!(
+        refused.error_message(),
+        Some("FLFENCE missing"),
+        "{refused:?}"
+    );
+    assert_eq!(dump(), vec![None; FAIR_X_KEYS.len()], "a key was written");
+    server.cmd(&["SET", fence, "17|v-other shards=2 notification=stream"]);
+    let stamped = dump();
+    for create in [false, true] {
+        let refused = attempt("a", "a-take", "wa", "3000", &fence_arg(create));
+        assert_eq!(
+            refused.error_message(),
+            Some("FLFENCE layout v-other shards=2 notification=stream"),
+            "{refused:?}"
+        );
+        assert_eq!(dump(), stamped, "a key changed");
+    }
+    server.cmd(&["DEL", fence]);
+
+    let taken = try_take("a", "a-take", "wa", "3000");
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    let token_a = taken[1];
+    issued(token_a, "a");
+    assert_eq!(fence_last(&server, fence), (token_a, LAYOUT.to_owned()));
+    // A retry of the same call is answered with the same token.
+    assert_eq!(try_take("a", "a-take", "wa", "3000"), vec![1, token_a, 1]);
     let busy = try_take("b", "b-try", "wb", "3000");
     assert_eq!((busy.len(), busy[0]), (3, 0), "b queues: {busy:?}");
     assert_eq!(
@@ -598,12 +701,14 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
         Some("30000|in-b|b")
     );
 
-    // a's release grants the lock to b, the head: b's owner, b's waiter id, token 2, and no
-    // longer than b's waiter lease. The queue is empty and one `grant` event names b.
-    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
+    // a's release grants the lock to b, the head: b's owner, b's waiter id, the next token,
+    // and no longer than b's waiter lease. The queue is empty and one `grant` event names b.
+    assert_eq!(give_back("a", token_a, "a-release"), vec![1, 0]);
     assert_eq!(field("o").as_deref(), Some("b"));
     assert_eq!(field("r").as_deref(), Some("wb"));
-    assert_eq!(field("f").as_deref(), Some("2"));
+    let token_b = held_token();
+    issued(token_b, "b's grant");
+    assert_eq!(fence_last(&server, fence), (token_b, LAYOUT.to_owned()));
     assert_eq!(field("c").as_deref(), Some("1"));
     let lasts = server.cmd(&["PTTL", hold]).as_int();
     assert!(lasts > 0 && lasts <= 3000, "granted for {lasts} ms");
@@ -628,48 +733,56 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
         assert!(ttl > 0 && ttl <= 300_000, "{key}: {ttl}");
     }
     let parts: Vec<&str> = target.split(',').collect();
+    let token_b_text = token_b.to_string();
     assert_eq!(
         (parts.len(), parts[0], parts[1]),
-        (4, "wb", "2"),
+        (4, "wb", token_b_text.as_str()),
         "{target}"
     );
 
-    // b never saw the event: its next attempt (another op) is answered with the grant, and
-    // the hold count stays 1.
+    // b never saw the event: its next attempt (another op) is answered with the grant (the
+    // same token), and the hold count stays 1.
     let answered = try_take("b", "b-recheck", "wb", "3000");
-    assert_eq!(answered[..3], [1, 2, 1], "{answered:?}");
+    assert_eq!(answered[..3], [1, token_b, 1], "{answered:?}");
     assert!(answered[3] > 0 && answered[3] <= 3000, "{answered:?}");
     assert_eq!(field("c").as_deref(), Some("1"));
     // a's release, re-sent after the grant, is still answered "released"; b is unharmed.
-    assert_eq!(give_back("a", "1", "a-release"), vec![1, 0]);
+    assert_eq!(give_back("a", token_a, "a-release"), vec![1, 0]);
     assert_eq!(field("o").as_deref(), Some("b"));
+    assert_eq!(held_token(), token_b);
 
     // c queues; b's release grants to c; c gives up before taking it up: the hold is freed,
     // the tombstone of b's release stays, and b's re-sent release is still answered.
     let busy = try_take("c", "c-try", "wc", "3000");
     assert_eq!(busy[0], 0);
-    assert_eq!(give_back("b", "2", "b-release"), vec![1, 0]);
-    assert_eq!(
-        (field("o").as_deref(), field("f").as_deref()),
-        (Some("c"), Some("3"))
-    );
+    assert_eq!(give_back("b", token_b, "b-release"), vec![1, 0]);
+    assert_eq!(field("o").as_deref(), Some("c"));
+    let token_c = held_token();
+    issued(token_c, "c's grant");
     assert_eq!(leave_queue("wc"), vec![1]);
     assert_eq!(field("o"), None, "the unused grant is freed");
     // The tombstone keeps the ids of the releases that freed the lock, b's first.
     let freed_by = field("x").unwrap_or_default();
     assert_eq!(freed_by.split(',').next(), Some("b-release"), "{freed_by}");
-    assert_eq!(give_back("b", "2", "b-release"), vec![1, 0]);
+    assert_eq!(give_back("b", token_b, "b-release"), vec![1, 0]);
+    // Giving up took no token.
+    assert_eq!(fence_last(&server, fence).0, token_c);
 
     // A head whose waiter lease is short gets the lock for no longer than that lease.
-    assert_eq!(try_take("d", "d-take", "wd", "3000")[0], 1);
+    let taken = try_take("d", "d-take", "wd", "3000");
+    assert_eq!(taken[0], 1);
+    let token_d = taken[1];
+    issued(token_d, "d");
     assert_eq!(try_take("e", "e-try", "we", "200")[0], 0);
-    assert_eq!(give_back("d", "4", "d-release"), vec![1, 0]);
+    assert_eq!(give_back("d", token_d, "d-release"), vec![1, 0]);
     assert_eq!(field("o").as_deref(), Some("e"));
+    let token_e = held_token();
+    issued(token_e, "e's grant");
     let lasts = server.cmd(&["PTTL", hold]).as_int();
     assert!(lasts > 0 && lasts <= 200, "granted for {lasts} ms");
     assert_eq!(server.cmd(&["EXISTS", queue, alive, bids]).as_int(), 0);
     assert_eq!(last_grant("e").0, "grant");
-    assert_eq!(give_back("e", "5", "e-release"), vec![1, 0]);
+    assert_eq!(give_back("e", token_e, "e-release"), vec![1, 0]);
 
     // A foreign value under the head's inbox, or under its counter, is left alone, and the
     // grant goes to the shared stream instead: nothing is lost.
@@ -677,9 +790,12 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
     for key in &foreign {
         server.cmd(&["SADD", key, "foreign"]);
     }
-    assert_eq!(try_take("f", "f-take", "wf", "3000")[0], 1);
+    let taken = try_take("f", "f-take", "wf", "3000");
+    assert_eq!(taken[0], 1);
+    let mut token = taken[1];
+    issued(token, "f");
     // f's release grants to g (foreign inbox), g's to h (foreign counter).
-    for (holder, token, next) in [("f", "6", "g"), ("g", "7", "h")] {
+    for (holder, next) in [("f", "g"), ("g", "h")] {
         assert_eq!(
             try_take(next, &format!("{next}-try"), &format!("w{next}"), "3000")[0],
             0
@@ -689,18 +805,78 @@ fn a_release_grants_the_lock_to_the_live_head_in_one_script() {
             vec![1, 0]
         );
         assert_eq!(field("o").as_deref(), Some(next));
+        token = held_token();
+        issued(token, &format!("{next}'s grant"));
         let (rule, target) = server.last_event(events);
         let head = format!("w{next}");
+        let token_text = token.to_string();
         assert_eq!(
             (rule.as_str(), target.split(',').next()),
             ("grant", Some(head.as_str()))
         );
+        assert_eq!(target.split(',').nth(1), Some(token_text.as_str()));
     }
     for key in &foreign {
         let kept = server.cmd(&["SMEMBERS", key]).as_array();
         assert_eq!(kept.len(), 1, "{key}: {kept:?}");
     }
     assert_eq!(server.cmd(&["EXISTS", &inbox("h")]).as_int(), 0);
+    assert_eq!(give_back("h", token, "h-release"), vec![1, 0]);
+
+    // A release that finds the fence key missing (a data loss) or stamped with another layout
+    // issues no token: it frees the lock and only names the head (rule `name`), whose own
+    // attempt then needs a token from a fence key it may create (after the layout check).
+    let taken = try_take("i", "i-take", "wi", "3000");
+    assert_eq!(taken[0], 1);
+    let token_i = taken[1];
+    issued(token_i, "i");
+    assert_eq!(try_take("j", "j-try", "wj", "3000")[0], 0);
+    server.cmd(&["DEL", fence]);
+    assert_eq!(give_back("i", token_i, "i-release"), vec![1, 0]);
+    assert_eq!(field("o"), None, "no grant without a token");
+    assert_eq!(server.cmd(&["EXISTS", fence]).as_int(), 0, "fence created");
+    assert_eq!(
+        server.last_event(events),
+        ("name".to_owned(), "wj".to_owned())
+    );
+    assert_eq!(
+        server.cmd(&["LINDEX", queue, "0"]).as_str().as_deref(),
+        Some("wj")
+    );
+    let before = dump();
+    let refused = attempt("j", "j-retry", "wj", "3000", &fence_arg(false));
+    assert_eq!(
+        refused.error_message(),
+        Some("FLFENCE missing"),
+        "{refused:?}"
+    );
+    assert_eq!(dump(), before, "a refused attempt changed a key");
+    let taken = try_take("j", "j-retry", "wj", "3000");
+    assert_eq!(taken[0], 1, "{taken:?}");
+    let token_j = taken[1];
+    // The fence key was lost: the new one starts from the server clock, above every token
+    // issued before (as long as the clock does not step back).
+    issued(token_j, "j after the loss");
+    assert_eq!(server.cmd(&["LLEN", queue]).as_int(), 0);
+
+    assert_eq!(try_take("k", "k-try", "wk", "3000")[0], 0);
+    let other = format!("{token_j}|v-other shards=2 notification=stream");
+    server.cmd(&["SET", fence, &other]);
+    assert_eq!(give_back("j", token_j, "j-release"), vec![1, 0]);
+    assert_eq!(field("o"), None, "no grant under another layout");
+    assert_eq!(server.cmd(&["GET", fence]).as_str(), Some(other.clone()));
+    assert_eq!(
+        server.last_event(events),
+        ("name".to_owned(), "wk".to_owned())
+    );
+    let before = dump();
+    let refused = attempt("k", "k-retry", "wk", "3000", &fence_arg(true));
+    assert_eq!(
+        refused.error_message(),
+        Some("FLFENCE layout v-other shards=2 notification=stream"),
+        "{refused:?}"
+    );
+    assert_eq!(dump(), before, "a refused attempt changed a key");
 }
 
 /// In a real client, a queued waiter's `lock()` returns on the grant event alone: its client
@@ -756,7 +932,15 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
                 .unwrap()
                 .unwrap()
                 .unwrap();
-            assert_eq!(guard.fencing_token(), token + 1);
+            // The grant took the shard's next token: above the holder's, and the last the
+            // shard issued.
+            assert!(
+                guard.fencing_token() > token,
+                "{mode:?} {lease:?}: granted token {} after {token}",
+                guard.fencing_token()
+            );
+            let fence = format!("{{{prefix}:0}}:fence");
+            assert_eq!(fence_last(&server, &fence).0, guard.fencing_token() as i64);
             let stats = waiter_client.stats();
             assert_eq!(
                 (stats.attempts, stats.granted),
@@ -813,6 +997,7 @@ fn fair_scripts_refuse_a_foreign_key_before_changing_anything() {
     let server = RedisServer::start();
     let granting = [
         include_str!("../lua/lib/hold.lua"),
+        include_str!("../lua/lib/fence.lua"),
         include_str!("../lua/lib/queue.lua"),
         include_str!("../lua/lib/notify.lua"),
         include_str!("../lua/lib/fair.lua"),
@@ -821,10 +1006,11 @@ fn fair_scripts_refuse_a_foreign_key_before_changing_anything() {
     let release = support::composed(&granting, include_str!("../lua/fair_release.lua"));
     let [hold, fence, queue, alive, bids, events, seq] = FAIR_X_KEYS;
     let all = FAIR_X_KEYS;
+    let (create, no_create) = (fence_arg(true), fence_arg(false));
     let attempt = |owner: &str, waiter: &str| {
         server.cmd(&[
             "EVAL", &acquire, "7", hold, fence, queue, alive, events, seq, bids, owner, "30000",
-            waiter, waiter, "3000", "stream", "1000", "fair:x",
+            waiter, waiter, "3000", "stream", "1000", "fair:x", "", &create,
         ])
     };
     let give_back = |owner: &str, token: &str| {
@@ -847,6 +1033,7 @@ fn fair_scripts_refuse_a_foreign_key_before_changing_anything() {
             "stream",
             "1000",
             "fair:x",
+            &no_create,
         ])
     };
     let dump = || -> Vec<Option<Vec<u8>>> {
@@ -854,46 +1041,68 @@ fn fair_scripts_refuse_a_foreign_key_before_changing_anything() {
             .map(|key| server.cmd(&["DUMP", key]).as_bytes())
             .collect()
     };
-    // A foreign value of a type none of our keys has.
-    let plant = |key: &str| {
+    // A foreign value of a type none of our keys has; at the fence key also strings that are
+    // not "<token>|<layout>".
+    let plant = |key: &str, value: &str| {
         server.cmd(&["DEL", key]);
-        server.cmd(&["SADD", key, "foreign"]);
+        if value.is_empty() {
+            server.cmd(&["SADD", key, "foreign"]);
+        } else {
+            server.cmd(&["SET", key, value]);
+        }
     };
+    let mut last_token = 0;
     for key in all {
-        for &(script, queued) in &[("release", true), ("release", false), ("acquire", true)] {
-            server.cmd(&["DEL", hold, fence, queue, alive, bids, events, seq]);
-            // a holds the lock (token 1); with `queued`, b waits at the head of the queue.
-            assert_eq!(attempt("a", "wa").as_array()[0].as_int(), 1);
-            if queued {
-                assert_eq!(attempt("b", "wb").as_array()[0].as_int(), 0);
-            }
-            server.cmd(&["XADD", events, "*", "k", "v"]); // so that the stream exists
-            plant(key);
-            let before = dump();
-            let reply = match script {
-                "release" => give_back("a", "1"),
-                _ => attempt("c", "wc"),
-            };
-            let what = format!("{script} (queued: {queued}) with a foreign {key}");
-            // Keys a call does not need stay unread: a release nobody waits for needs only the
-            // hold and the queue; an attempt on a held lock never needs the fence or the events.
-            let needed = match (script, queued) {
-                ("release", false) => [hold, queue].contains(&key),
-                ("acquire", _) => ![fence, events, seq].contains(&key),
-                _ => true,
-            };
-            if needed {
-                assert!(
-                    reply
-                        .error_message()
-                        .is_some_and(|e| e.contains("WRONGTYPE")),
-                    "{what}: {reply:?}"
-                );
-                assert_eq!(dump(), before, "{what}: a key changed");
-            } else {
-                assert!(!reply.is_error(), "{what}: {reply:?}");
-                let at = all.iter().position(|k| *k == key).unwrap_or_default();
-                assert_eq!(dump()[at], before[at], "{what}: the foreign value changed");
+        let values: &[&str] = if key == fence {
+            &["", "hello", "12"]
+        } else {
+            &[""]
+        };
+        for &value in values {
+            for &(script, queued) in &[("release", true), ("release", false), ("acquire", true)] {
+                server.cmd(&["DEL", hold, queue, alive, bids, events, seq]);
+                // a holds the lock; with `queued`, b waits at the head of the queue.
+                let taken = attempt("a", "wa").as_array();
+                assert_eq!(taken[0].as_int(), 1, "{taken:?}");
+                let token = taken[1].as_int();
+                assert!(token > last_token, "token {token} after {last_token}");
+                last_token = token;
+                if queued {
+                    assert_eq!(attempt("b", "wb").as_array()[0].as_int(), 0);
+                }
+                server.cmd(&["XADD", events, "*", "k", "v"]); // so that the stream exists
+                plant(key, value);
+                let before = dump();
+                let reply = match script {
+                    "release" => give_back("a", &token.to_string()),
+                    _ => attempt("c", "wc"),
+                };
+                let what = format!("{script} (queued: {queued}) with a foreign {key} {value:?}");
+                // Keys a call does not need stay unread: a release nobody waits for needs only
+                // the hold and the queue; an attempt on a held lock never needs the fence or
+                // the events.
+                let needed = match (script, queued) {
+                    ("release", false) => [hold, queue].contains(&key),
+                    ("acquire", _) => ![fence, events, seq].contains(&key),
+                    _ => true,
+                };
+                if needed {
+                    assert!(
+                        reply
+                            .error_message()
+                            .is_some_and(|e| e.contains("WRONGTYPE")),
+                        "{what}: {reply:?}"
+                    );
+                    assert_eq!(dump(), before, "{what}: a key changed");
+                } else {
+                    assert!(!reply.is_error(), "{what}: {reply:?}");
+                    let at = all.iter().position(|k| *k == key).unwrap_or_default();
+                    assert_eq!(dump()[at], before[at], "{what}: the foreign value changed");
+                }
+                if key == fence {
+                    // The next round's first token comes from a fence key created anew.
+                    server.cmd(&["DEL", fence]);
+                }
             }
         }
     }

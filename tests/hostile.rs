@@ -92,6 +92,8 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
             let key = match (kind, role) {
                 ("shard", "events") => format!("{{{prefix}:events}}"),
                 ("shard", role) => format!("{{{prefix}:events}}:{role}"),
+                // Fencing tokens are counted per shard: one fence key for every lock kind.
+                (_, "fence") => format!("{{{prefix}:0}}:fence"),
                 (kind, "") => format!("{{{prefix}:0}}:{kind}:{name}"),
                 (kind, role) => format!("{{{prefix}:0}}:{kind}.{role}:{name}"),
             };
@@ -261,11 +263,17 @@ async fn arbitrary_names_are_refused_or_work_and_never_collide() {
     for guard in held {
         guard.unlock().await.unwrap();
     }
-    // Every key is under the one hash tag of shard 0.
+    // Every key is under the one hash tag of shard 0, but for the per-prefix keys: the layout
+    // record, this client's marker `{names:layout}:client:<16 hex digits>`, and the events.
+    let is_client_marker = |key: &str| {
+        key.strip_prefix("{names:layout}:client:")
+            .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
     for key in server.keys("*") {
         assert!(
             key.starts_with("{names:0}:")
                 || key == "{names:layout}"
+                || is_client_marker(&key)
                 || key.starts_with("{names:events}"),
             "{key:?} escaped the hash tag"
         );

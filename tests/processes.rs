@@ -16,7 +16,7 @@
 
 mod support;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -122,6 +122,16 @@ async fn next_result(worker: WorkerHandle, timeout: Duration) -> (WorkerHandle, 
         (worker, line)
     })
     .await
+}
+
+/// 32-bit FNV-1a, as documented for the shard of a lock name.
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for &b in bytes {
+        hash ^= u32::from(b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
 }
 
 /// Parses `HELD <token>`.
@@ -537,11 +547,11 @@ async fn worker_hold_forever() {
 // 3. The notifier connection is killed while 50 tasks wait
 // ---------------------------------------------------------------------------
 
-/// Spawns one task per mutex: lock, check, unlock; returns the tokens.
+/// Spawns one task per mutex: lock, check, unlock; returns the lock names and tokens.
 fn spawn_waiters(
     mutexes: Vec<fredlock::Mutex>,
     acquired: Arc<AtomicUsize>,
-) -> tokio::task::JoinSet<fredlock::Result<u64>> {
+) -> tokio::task::JoinSet<fredlock::Result<(String, u64)>> {
     let mut set = tokio::task::JoinSet::new();
     for mutex in mutexes {
         let acquired = acquired.clone();
@@ -551,7 +561,7 @@ fn spawn_waiters(
             let token = guard.fencing_token();
             tokio::task::yield_now().await;
             guard.unlock().await?;
-            Ok(token)
+            Ok((mutex.name().to_owned(), token))
         });
     }
     set
@@ -559,10 +569,10 @@ fn spawn_waiters(
 
 /// Collects every waiter result within 60 s; panics (with progress) on a hang.
 async fn collect_waiters(
-    mut set: tokio::task::JoinSet<fredlock::Result<u64>>,
+    mut set: tokio::task::JoinSet<fredlock::Result<(String, u64)>>,
     acquired: &AtomicUsize,
     locks: &LockClient,
-) -> Vec<u64> {
+) -> Vec<(String, u64)> {
     let bound = Duration::from_secs(60);
     let deadline = tokio::time::Instant::now() + bound;
     let mut tokens = Vec::new();
@@ -615,6 +625,10 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
         held.push(guard);
     }
     let max_held_token = held.iter().map(LockGuard::fencing_token).max().unwrap_or(0);
+    let held_tokens: HashMap<String, u64> = held
+        .iter()
+        .map(|g| (g.name().to_owned(), g.fencing_token()))
+        .collect();
 
     let mutexes: Vec<fredlock::Mutex> = (0..WAITERS)
         .map(|i| locks.mutex(&names[i % names.len()]).expect("mutex handle"))
@@ -655,17 +669,51 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
     );
 
     assert_eq!(tokens.len(), WAITERS);
+    // Every waiter's token is above the token of its lock's holder.
+    for (name, token) in &tokens {
+        assert!(
+            *token > held_tokens[name],
+            "{name}: a waiter got token {token}, not above the holder's {}",
+            held_tokens[name]
+        );
+    }
     if many_locks {
-        // Each lock's fence counter: 1 for the holder, 2 for its waiter.
-        assert_eq!(max_held_token, 1);
-        assert!(tokens.iter().all(|&t| t == 2), "tokens {tokens:?}");
+        // One waiter per lock.
+        let names_seen: HashSet<&str> = tokens.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names_seen.len(), WAITERS, "tokens {tokens:?}");
     } else {
         assert!(
-            tokens.iter().all(|&t| t > max_held_token),
+            tokens.iter().all(|&(_, t)| t > max_held_token),
             "a waiter got a token not above the holder's: {tokens:?}"
         );
-        let distinct: HashSet<u64> = tokens.iter().copied().collect();
-        assert_eq!(distinct.len(), WAITERS, "fencing tokens must be unique");
+    }
+    // Tokens are counted per shard: unique in each shard, and the shard's fence key records
+    // the last of them, so no token was issued beyond the holders' and the waiters' (none
+    // went to a re-check after the reconnects).
+    let shards = config(&server.url(), &prefix, mode).shards;
+    let mut per_shard: HashMap<u32, Vec<u64>> = HashMap::new();
+    for (name, token) in held_tokens.iter().chain(tokens.iter().map(|(n, t)| (n, t))) {
+        let shard = fnv1a32(name.as_bytes()) % u32::from(shards);
+        per_shard.entry(shard).or_default().push(*token);
+    }
+    for (shard, issued) in &per_shard {
+        let distinct: HashSet<u64> = issued.iter().copied().collect();
+        assert_eq!(
+            distinct.len(),
+            issued.len(),
+            "shard {shard}: fencing tokens must be unique: {issued:?}"
+        );
+        let fence = format!("{{{prefix}:{shard}}}:fence");
+        let value = server.cmd(&["GET", &fence]).as_str().expect("fence key");
+        let last: u64 = value
+            .split_once('|')
+            .and_then(|(last, _)| last.parse().ok())
+            .unwrap_or_else(|| panic!("{fence}: {value:?}"));
+        assert_eq!(
+            Some(&last),
+            issued.iter().max(),
+            "shard {shard}: the fence key's last token is not the last one seen"
+        );
     }
     assert_eq!(locks.stats().waiting, 0);
     assert_eq!(locks.stats().held, 0);
