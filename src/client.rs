@@ -232,6 +232,29 @@ impl Core {
     }
 }
 
+/// A `maxmemory-policy` other than `noeviction` (or `volatile-*`, which only evicts keys with a
+/// TTL, and every lock key has one) lets Redis delete a held lock under memory pressure, which
+/// no lease can guard against: say so at connect. A server that refuses `CONFIG` (ACLs, a
+/// renamed command, a managed service) is left alone.
+async fn warn_if_locks_may_be_evicted(redis: &Client) {
+    let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
+    let args: Vec<Value> = vec!["GET".into(), "maxmemory-policy".into()];
+    let Ok(reply) = redis.custom::<Value, _>(command, args).await else {
+        return;
+    };
+    let policy = match reply {
+        Value::Array(items) => items.get(1).and_then(|v| v.as_string()),
+        Value::Map(map) => map.inner().values().next().and_then(|v| v.as_string()),
+        _ => None,
+    };
+    if let Some(policy) = policy.filter(|p| p.starts_with("allkeys")) {
+        tracing::warn!(
+            policy = %policy,
+            "maxmemory-policy lets Redis evict any key, held locks included; use noeviction"
+        );
+    }
+}
+
 fn first_key(keys: &[String]) -> &str {
     keys.first().map_or("", String::as_str)
 }
@@ -411,6 +434,7 @@ impl LockClient {
         let layout = Layout::new(&config, &keyspace);
         let started = async {
             layout.verify(&command).await?;
+            warn_if_locks_may_be_evicted(&command).await;
             let notifiers = open_notifiers(&command, &config, clustered).await?;
             Ok::<_, Error>(notifiers)
         };

@@ -472,3 +472,41 @@ async fn replica_acks_cover_grants_and_are_retried_until_the_deadline() {
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }
+
+/// A `maxmemory-policy` that may evict any key (held locks included) is reported at connect;
+/// `noeviction` and the `volatile-*` policies are not.
+#[tokio::test(flavor = "current_thread")]
+async fn an_eviction_policy_that_may_drop_locks_is_reported_at_connect() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    for (policy, warned) in [
+        ("allkeys-lru", true),
+        ("noeviction", false),
+        ("volatile-lru", false),
+    ] {
+        let server = RedisServer::start_with(&["--maxmemory-policy", policy]);
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let _scope = tracing::subscriber::set_default(subscriber);
+        let client = LockClient::connect(config(&server, "evict", NotificationMode::Stream))
+            .await
+            .unwrap();
+        client.shutdown().await.unwrap();
+        let log = String::from_utf8_lossy(&captured.0.lock().unwrap()).to_string();
+        assert_eq!(log.contains("maxmemory-policy"), warned, "{policy}: {log}");
+    }
+}

@@ -83,7 +83,9 @@ local function fl_grant_head(hold, next_token, queue, alive, bids, now, events, 
     lasts = lease
   end
   fl_dequeue(queue, alive, head, bids)
-  local token = fl_take(hold, next_token(), owner, head, lasts, freed_by)[2]
+  -- The token as decimal text: a Lua number would be written as 1.7955e+15 in the event.
+  local token = next_token()
+  fl_take(hold, token, owner, head, lasts, freed_by)
   local target = head .. ',' .. token .. ',' .. now .. ',' .. lasts
   local sent = inbox ~= ''
     and fl_emit_direct(events .. ':to:' .. inbox, mode, lock_id, 'grant', target)
