@@ -232,24 +232,25 @@ impl Core {
     }
 }
 
-/// A `maxmemory-policy` other than `noeviction` (or `volatile-*`, which only evicts keys with a
-/// TTL, and every lock key has one) lets Redis delete a held lock under memory pressure, which
-/// no lease can guard against: say so at connect. A server that refuses `CONFIG` (ACLs, a
-/// renamed command, a managed service) is left alone.
+/// A `maxmemory-policy` of the `allkeys-*` family lets Redis evict any key under memory
+/// pressure, held locks included, which no lease can guard against: say so at connect
+/// (`noeviction` refuses writes instead, and the `volatile-*` policies evict keys with a TTL,
+/// which every lock key has, but only after keys that were touched longer ago). Read from
+/// `INFO memory` (which a client needs anyway), not `CONFIG`, which ACLs often deny.
 async fn warn_if_locks_may_be_evicted(redis: &Client) {
-    let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
-    let args: Vec<Value> = vec!["GET".into(), "maxmemory-policy".into()];
-    let Ok(reply) = redis.custom::<Value, _>(command, args).await else {
+    let Ok(info) = redis
+        .info::<String>(Some(fred::types::InfoKind::Memory))
+        .await
+    else {
         return;
     };
-    let policy = match reply {
-        Value::Array(items) => items.get(1).and_then(|v| v.as_string()),
-        Value::Map(map) => map.inner().values().next().and_then(|v| v.as_string()),
-        _ => None,
-    };
+    let policy = info
+        .lines()
+        .find_map(|line| line.strip_prefix("maxmemory_policy:"))
+        .map(str::trim);
     if let Some(policy) = policy.filter(|p| p.starts_with("allkeys")) {
         tracing::warn!(
-            policy = %policy,
+            policy,
             "maxmemory-policy lets Redis evict any key, held locks included; use noeviction"
         );
     }
