@@ -209,3 +209,90 @@ impl Registration {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::notify::WaitKind;
+    use crate::owner::Owner;
+
+    fn bidder(table: &Arc<WaiterTable>, owner: &Owner) -> Registration {
+        let bid = Bid {
+            owner: owner.clone(),
+            lease: Duration::from_secs(1),
+        };
+        table.register(
+            &"mutex:a".into(),
+            WaitKind::Exclusive,
+            Some("w1".into()),
+            Some(bid),
+        )
+    }
+
+    fn handed() -> HandedOver {
+        HandedOver {
+            token: 7,
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn states_round_trip_through_u8() {
+        for state in [
+            State::Open,
+            State::Claimed,
+            State::Done,
+            State::Gone,
+            State::Taken,
+        ] {
+            assert_eq!(State::from_u8(state as u8), state);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delivered_hold_wakes_the_waiter_and_is_its_own_to_release_if_it_goes() {
+        let table = WaiterTable::new();
+        let waiter = bidder(&table, &Owner::new());
+        let claim = table.claim_handover("mutex:a", "releaser").expect("claim");
+        assert!(
+            table.claim_handover("mutex:a", "other").is_none(),
+            "one claim at a time"
+        );
+        assert_eq!(claim.bid().0, "w1");
+        assert!(claim.deliver(handed()));
+        assert_eq!(waiter.handed().map(|h| h.token), Some(7));
+        assert!(waiter.wait(Duration::from_millis(1)).await);
+        assert_eq!(waiter.abandon().map(|h| h.token), Some(7));
+    }
+
+    #[test]
+    fn a_waiter_gone_after_the_claim_leaves_the_hold_to_the_releaser() {
+        let table = WaiterTable::new();
+        let waiter = bidder(&table, &Owner::new());
+        let claim = table.claim_handover("mutex:a", "releaser").expect("claim");
+        assert_eq!(waiter.abandon(), None);
+        assert!(!claim.deliver(handed()), "the releaser releases it");
+        assert_eq!(waiter.handed(), None);
+    }
+
+    #[test]
+    fn a_completed_acquisition_is_released_by_neither_side() {
+        let table = WaiterTable::new();
+        let waiter = bidder(&table, &Owner::new());
+        let claim = table.claim_handover("mutex:a", "releaser").expect("claim");
+        waiter.taken();
+        assert!(claim.deliver(handed()), "its own attempt found the hold");
+        assert_eq!(waiter.abandon(), None);
+    }
+
+    #[test]
+    fn a_cancelled_claim_reopens_and_no_release_hands_to_its_own_owner() {
+        let table = WaiterTable::new();
+        let owner = Owner::new();
+        let _waiter = bidder(&table, &owner);
+        assert!(table.claim_handover("mutex:a", owner.id()).is_none());
+        let claim = table.claim_handover("mutex:a", "releaser").expect("claim");
+        claim.cancel(false);
+        assert!(table.claim_handover("mutex:a", "releaser").is_some());
+    }
+}
