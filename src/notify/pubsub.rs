@@ -15,7 +15,9 @@ use fred::interfaces::{EventInterface, PubsubInterface};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 
-use super::{Event, Reader, Sequences, Source};
+use super::event::Event;
+use super::sequence::{Sequences, Source};
+use super::Reader;
 use crate::error::{Error, Result};
 
 /// Subscribes to every shard channel and spawns the reader.

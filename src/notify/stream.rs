@@ -19,7 +19,9 @@ use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::task::JoinHandle;
 
-use super::{backoff, Event, Reader, Sequences};
+use super::event::Event;
+use super::sequence::Sequences;
+use super::{backoff, Reader};
 use crate::error::{Error, Result};
 
 const BATCH: u64 = 512;
@@ -215,7 +217,7 @@ fn entry(value: Value) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::{Admitted, WakeRule};
+    use crate::notify::event::{Admitted, WakeRule};
 
     fn fields(pairs: &[&str]) -> Value {
         Value::Array(pairs.iter().map(|s| Value::from(*s)).collect())
