@@ -457,7 +457,13 @@ mod tests {
         ] {
             assert!(check_url(url).is_ok(), "{url}");
         }
-        for url in ["http://h:6379", "h:6379", "", "redis+unix:///tmp/s", "memcached://h"] {
+        for url in [
+            "http://h:6379",
+            "h:6379",
+            "",
+            "redis+unix:///tmp/s",
+            "memcached://h",
+        ] {
             assert!(
                 matches!(check_url(url), Err(Error::InvalidConfig(_))),
                 "{url}"
