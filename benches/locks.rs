@@ -423,10 +423,7 @@ fn parse_mode(text: &str) -> Result<NotificationMode, String> {
 }
 
 fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1102,9 +1099,7 @@ async fn notifier_ids(client: &Client, mode: NotificationMode) -> Result<HashSet
         .into_iter()
         .filter(|c| match mode {
             NotificationMode::Stream => c.get("cmd").map(String::as_str) == Some("xread"),
-            NotificationMode::PubSub => {
-                number(c, "sub") + number(c, "psub") + number(c, "ssub") > 0
-            }
+            _ => number(c, "sub") + number(c, "psub") + number(c, "ssub") > 0,
         })
         .filter_map(|c| c.get("id").and_then(|id| id.parse().ok()))
         .collect())
@@ -2290,7 +2285,7 @@ async fn s3_round(
 ) -> Result<S3Round, String> {
     let name = format!("s3-{}-{round}", lock.name());
     let handle = match lock {
-        LockKind::Fair => locks.fair_mutex(&name),
+        LockKind::Fair => locks.fair_mutex(&name).map(fredlock::Mutex::from),
         _ => locks.mutex(&name),
     }
     .map_err(|err| err.to_string())?;
@@ -2974,7 +2969,7 @@ async fn s6_run(
     let before_kill = notifier_ids(probe, mode).await?;
     let ours = match mode {
         NotificationMode::Stream => notifier.len(),
-        NotificationMode::PubSub => notifier.len() + holder_notifier.len(),
+        _ => notifier.len() + holder_notifier.len(),
     } as u64;
     let killed_at = Instant::now();
     let killed: u64 = match mode {
@@ -2987,7 +2982,7 @@ async fn s6_run(
             )
             .await?
         }
-        NotificationMode::Stream => {
+        _ => {
             let mut killed = 0;
             for id in &notifier {
                 let n: u64 = raw_command(
@@ -3919,7 +3914,9 @@ mod worker {
         let locks = connect(url, mode, prefix).await?;
         let lock = match LockKind::parse(text(params, "lock")?)? {
             LockKind::Mutex => locks.mutex(name).map(TaskLock::Exclusive),
-            LockKind::Fair => locks.fair_mutex(name).map(TaskLock::Exclusive),
+            LockKind::Fair => locks
+                .fair_mutex(name)
+                .map(|fair| TaskLock::Exclusive(fair.into())),
             LockKind::RwLock => locks.rwlock(name).map(TaskLock::Rw),
         }
         .map_err(|err| err.to_string())?;
@@ -3982,9 +3979,9 @@ mod worker {
             let read = read_share > 0.0 && rng.next_f64() < read_share;
             let start = now_us();
             let acquired = match (&lock, read) {
-                (TaskLock::Exclusive(mutex), _) => mutex.lock().await,
-                (TaskLock::Rw(rw), true) => rw.read().await,
-                (TaskLock::Rw(rw), false) => rw.write().await,
+                (TaskLock::Exclusive(mutex), _) => mutex.lock().await.map(LockGuard::from),
+                (TaskLock::Rw(rw), true) => rw.read().await.map(LockGuard::from),
+                (TaskLock::Rw(rw), false) => rw.write().await.map(LockGuard::from),
             };
             let guard = acquired.map_err(|err| format!("task {task}: lock failed: {err}"))?;
             let acquire = now_us();
@@ -4040,7 +4037,7 @@ mod worker {
                 return Err(format!("unexpected line {line:?}"));
             };
             let mutex = match LockKind::parse(kind)? {
-                LockKind::Fair => locks.fair_mutex(name),
+                LockKind::Fair => locks.fair_mutex(name).map(fredlock::Mutex::from),
                 _ => locks.mutex(name),
             }
             .map_err(|err| err.to_string())?;
@@ -4116,7 +4113,8 @@ mod worker {
                     guards.push(
                         taken
                             .map_err(|err| err.to_string())?
-                            .map_err(|err| format!("S4 holder: {err}"))?,
+                            .map_err(|err| format!("S4 holder: {err}"))?
+                            .into(),
                     );
                 }
             }

@@ -186,10 +186,7 @@ impl LockKind {
 }
 
 fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 fn parse_mode(name: &str) -> Option<NotificationMode> {
@@ -550,15 +547,15 @@ mod worker {
             let name = format!("chaos-{}", kind.id());
             Ok(match kind {
                 LockKind::Mutex => Handle::Mutex(locks.mutex(&name)?),
-                LockKind::Fair => Handle::Mutex(locks.fair_mutex(&name)?),
+                LockKind::Fair => Handle::Mutex(locks.fair_mutex(&name)?.into()),
                 LockKind::RwWrite => Handle::Rw(locks.rwlock(&name)?),
             })
         }
 
         async fn acquire(&self) -> fredlock::Result<LockGuard> {
             match self {
-                Handle::Mutex(mutex) => mutex.lock().await,
-                Handle::Rw(rw) => rw.write().await,
+                Handle::Mutex(mutex) => mutex.lock().await.map(LockGuard::from),
+                Handle::Rw(rw) => rw.write().await.map(LockGuard::from),
             }
         }
     }
