@@ -76,10 +76,7 @@ async fn main() {
 
 /// All five scenes with one client in one notification mode.
 async fn tour(url: &str, mode: NotificationMode, checks: &mut Checks) -> DemoResult<()> {
-    let mode_name = match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    };
+    let mode_name = mode.as_str();
     let mut config = Config::new(url);
     config.key_prefix = format!("fredlock-demo-{}-{mode_name}", std::process::id());
     config.notification = mode;

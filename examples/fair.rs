@@ -97,7 +97,7 @@ async fn run(url: &str) -> AnyResult<bool> {
 async fn round(clients: &[LockClient], fair: bool) -> AnyResult<Vec<(usize, u64)>> {
     let handle = |client: &LockClient| -> fredlock::Result<Mutex> {
         if fair {
-            client.fair_mutex("queue-demo")
+            client.fair_mutex("queue-demo").map(Mutex::from)
         } else {
             client.mutex("queue-demo")
         }

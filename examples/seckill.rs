@@ -353,7 +353,7 @@ async fn worker(url: &str, lock: Lock, tasks: usize) -> AnyResult<()> {
     config.key_prefix = PREFIX.into();
     let locks = LockClient::connect(config).await?;
     let mutex = match lock {
-        Lock::Fair => locks.fair_mutex("seckill")?,
+        Lock::Fair => locks.fair_mutex("seckill")?.into(),
         _ => locks.mutex("seckill")?,
     };
     let locked = lock != Lock::None;

@@ -338,10 +338,7 @@ fn enter(inside: &AtomicUsize, round: usize) -> AnyResult<()> {
 }
 
 fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 fn print_table(results: &[ModeResult], ping: &Ping, lock_clients: usize) {

@@ -538,10 +538,11 @@ impl LockClient {
         Mutex::barging(self.clone(), name)
     }
 
-    /// A fair (strict FIFO across processes) exclusive reentrant lock handle (see [`Mutex`]).
-    /// A fair lock and a barging lock of the same name are different locks.
+    /// A fair (strict FIFO across processes) exclusive reentrant lock handle (see
+    /// [`FairMutex`]). A fair lock and a barging lock of the same name are different locks.
+    /// Validates the name; no Redis call.
     pub fn fair_mutex(&self, name: &str) -> Result<FairMutex> {
-        Mutex::fair(self.clone(), name)
+        FairMutex::new(self.clone(), name)
     }
 
     /// A read-write lock handle (see [`RwLock`]). Validates the name; no Redis call.
@@ -672,6 +673,7 @@ impl fmt::Debug for LockClient {
 
 /// A snapshot of a client's local state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ClientStats {
     /// Holds this client keeps (each possibly re-entered several times).
     pub held: usize,

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 /// How waiters learn that a lock was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum NotificationMode {
     /// Release events go to one Redis Stream per shard; one reader connection per process reads
     /// them with `XREAD BLOCK`, always resuming from the last entry it saw. Nothing is lost across
@@ -27,7 +28,8 @@ pub enum NotificationMode {
 }
 
 impl NotificationMode {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The mode's name as configured: `"stream"` or `"pubsub"`.
+    pub fn as_str(self) -> &'static str {
         match self {
             NotificationMode::Stream => "stream",
             NotificationMode::PubSub => "pubsub",
@@ -48,6 +50,7 @@ impl NotificationMode {
 /// ```
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(remote = "Self", default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// Redis URL: `redis://` (or `valkey://`) for a single server, with `-cluster` or
     /// `-sentinel` after the scheme for a cluster or Sentinel deployment

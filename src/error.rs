@@ -11,6 +11,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why a release found the lock not held by the caller's hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum NotHeldReason {
     /// Nobody holds the lock: the lease expired (or the lock was force-unlocked) before the release.
     Expired,

@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::client::Core;
 use crate::config::{check_lease, MAX_DURATION};
 use crate::engine::{Driver, Released};
-use crate::error::{Backoff, NotHeldReason, Result};
+use crate::error::{Backoff, Error, NotHeldReason, Result};
 use crate::notify::{Claim, HandedOver};
 use crate::owner::{op_id, Owner};
 use crate::scripts::{int_array, Script};
@@ -29,12 +29,18 @@ use crate::scripts::{int_array, Script};
 /// How a hold's lease is kept alive.
 ///
 /// Holds taken by re-entry keep the lease policy of the first hold of their owner.
+///
+/// Build one with [`Lease::watchdog`] (and [`Lease::with_max_hold`]) or [`Lease::fixed`]. The
+/// enum and its `Watchdog` variant are `#[non_exhaustive]`: a match needs a `_` arm and
+/// `Watchdog { lease, .. }`, so later policies or fields do not break callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Lease {
     /// The client's watchdog renews the lease every `lease / 3` while a guard exists. With
     /// `max_hold`, renewal stops so that the hold ends at most `max_hold` after it was taken
     /// (the "renew at most N times" safety cap), and the guard's [`lost`](crate::LockGuard::lost)
     /// fires with [`LostCause::Expired`].
+    #[non_exhaustive]
     Watchdog {
         /// Lease per renewal.
         lease: Duration,
@@ -94,13 +100,17 @@ impl Lease {
 }
 
 /// Why a hold can no longer be guaranteed. Delivered by [`LockGuard::lost`](crate::LockGuard::lost).
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Equality compares the variant, and for [`RenewalFailed`](Self::RenewalFailed) the error's
+/// message ([`Error`] itself is not comparable: it may carry a fred error).
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum LostCause {
     /// The lease ran out: a fixed lease, or a watchdog lease whose `max_hold` was reached.
     Expired,
-    /// Renewals kept failing (the error is given) until the lease deadline passed.
-    RenewalFailed(String),
+    /// Renewals kept failing until the lease deadline passed; the last renewal error is given
+    /// (shared: every hold of a failed renewal batch carries the same error).
+    RenewalFailed(Arc<Error>),
     /// The hold's key is gone: deleted, flushed, force-unlocked, or lost in a failover.
     KeyDeleted,
     /// Another owner holds the lock now.
@@ -115,12 +125,26 @@ pub enum LostCause {
     LayoutMismatch,
 }
 
+impl PartialEq for LostCause {
+    fn eq(&self, other: &LostCause) -> bool {
+        match (self, other) {
+            (LostCause::RenewalFailed(a), LostCause::RenewalFailed(b)) => {
+                Arc::ptr_eq(a, b) || a.to_string() == b.to_string()
+            }
+            // Every other variant carries no data.
+            _ => std::mem::discriminant(self) == std::mem::discriminant(other),
+        }
+    }
+}
+
+impl Eq for LostCause {}
+
 /// Per-hold renewal bookkeeping, guarded by a std mutex (never held across an await).
 #[derive(Debug)]
 struct Timing {
     deadline: Instant,
     renew_at: Option<Instant>,
-    last_error: Option<String>,
+    last_error: Option<Arc<Error>>,
     /// When the last explicit extension ([`Hold::extended`]) was sent: a renewal sent before
     /// it reached Redis before it too (one connection, in order), so it cannot move the
     /// deadline the extension set.
@@ -529,11 +553,12 @@ async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
         }
         Err(error) => {
             tracing::warn!(%error, holds = holds.len(), "renewal failed; retrying until the lease deadline");
+            let error = Arc::new(error);
             let retry = Instant::now()
                 + (lease / 10).clamp(Duration::from_millis(5), Duration::from_millis(500));
             for (hold, _) in &holds {
                 let mut timing = hold.timing();
-                timing.last_error = Some(error.to_string());
+                timing.last_error = Some(error.clone());
                 if timing.renew_at.is_some() {
                     timing.renew_at = Some(retry);
                 }

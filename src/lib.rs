@@ -54,7 +54,7 @@
 //! See `docs/design.md` for the data layout, the scripts, the notification protocol and the
 //! failure behaviour.
 
-#![warn(missing_docs)]
+#![warn(missing_docs, missing_debug_implementations)]
 
 mod client;
 mod config;
@@ -70,17 +70,20 @@ mod queue;
 mod scripts;
 mod watch;
 
+/// The [fred](https://docs.rs/fred) crate, in the version fredlock is built with: use it to
+/// name the types of [`LockClient::redis`] or to build the client given to
+/// [`LockClient::from_client`], so that they match this crate's without a second `fred`
+/// dependency to keep in step.
+pub use fred;
+
 pub use client::{ClientStats, LockClient};
 pub use config::{Config, NotificationMode, MAX_DURATION, MIN_LEASE};
 pub use error::{Error, NotHeldReason, Result};
 pub use keys::MAX_NAME_LEN;
 pub use lease::{Lease, LostCause};
-pub use lock::guard::LockGuard;
+pub use lock::guard::{FairMutexGuard, LockGuard, MutexGuard, ReadGuard, WriteGuard};
 pub use lock::mutex::{FairMutex, Mutex};
 pub use lock::redlock::{Redlock, RedlockGuard};
-pub use lock::rwlock::{ReadGuard, RwLock, RwLockState, WriteGuard};
+pub use lock::rwlock::{RwLock, RwLockState};
 pub use lock::LockState;
 pub use owner::Owner;
-
-/// The guard of a [`Mutex`] hold.
-pub type MutexGuard = LockGuard;

@@ -7,7 +7,7 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use fredlock::{Config, Error, Lease, LockClient, NotificationMode};
+use fredlock::{Config, Error, Lease, LockClient, Mutex, NotificationMode};
 use support::cluster::RedisCluster;
 use support::init_tracing;
 
@@ -62,7 +62,7 @@ async fn every_lock_type_works_on_every_master() {
             for fair in [false, true] {
                 let make = |locks: &LockClient| {
                     if fair {
-                        locks.fair_mutex(&name).unwrap()
+                        Mutex::from(locks.fair_mutex(&name).unwrap())
                     } else {
                         locks.mutex(&name).unwrap()
                     }

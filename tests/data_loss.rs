@@ -57,7 +57,8 @@ async fn hold_everything(client: &LockClient, name: &str) -> Vec<LockGuard> {
             .unwrap()
             .lock()
             .await
-            .unwrap(),
+            .unwrap()
+            .into(),
         client
             .mutex(&format!("{name}-w"))
             .unwrap()
@@ -65,7 +66,8 @@ async fn hold_everything(client: &LockClient, name: &str) -> Vec<LockGuard> {
             .unwrap()
             .lock()
             .await
-            .unwrap(),
+            .unwrap()
+            .into(),
         client
             .fair_mutex(&format!("{name}-f"))
             .unwrap()
@@ -73,7 +75,8 @@ async fn hold_everything(client: &LockClient, name: &str) -> Vec<LockGuard> {
             .unwrap()
             .lock()
             .await
-            .unwrap(),
+            .unwrap()
+            .into(),
         client
             .rwlock(&format!("{name}-rw"))
             .unwrap()
@@ -81,7 +84,8 @@ async fn hold_everything(client: &LockClient, name: &str) -> Vec<LockGuard> {
             .unwrap()
             .write()
             .await
-            .unwrap(),
+            .unwrap()
+            .into(),
     ]
 }
 
@@ -102,10 +106,16 @@ async fn tokens_go_on(other: &LockClient, before: &[LockGuard]) {
         let name = old.name().to_owned();
         let mut last = old.fencing_token();
         for _ in 0..20 {
-            let guard = match i {
-                0 | 1 => other.mutex(&name).unwrap().lock().await.unwrap(),
-                2 => other.fair_mutex(&name).unwrap().lock().await.unwrap(),
-                _ => other.rwlock(&name).unwrap().write().await.unwrap(),
+            let guard: LockGuard = match i {
+                0 | 1 => other.mutex(&name).unwrap().lock().await.unwrap().into(),
+                2 => other
+                    .fair_mutex(&name)
+                    .unwrap()
+                    .lock()
+                    .await
+                    .unwrap()
+                    .into(),
+                _ => other.rwlock(&name).unwrap().write().await.unwrap().into(),
             };
             let token = guard.fencing_token();
             assert!(token > last, "{name}: token {token} after {last}");

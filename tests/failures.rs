@@ -45,10 +45,7 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 fn config(url: &str, prefix: &str, mode: NotificationMode, shards: u16) -> Config {
@@ -1279,7 +1276,7 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
         // The plain hold: freed completely (marker consumed, one event) or left intact.
         let stream_len = |server: &RedisServer| match mode {
             NotificationMode::Stream => server.cmd(&["XLEN", &events_key]).as_int(),
-            NotificationMode::PubSub => 0,
+            _ => 0,
         };
         let events_before = stream_len(&server);
         let released = bounded("unlock single", single_guard.unlock()).await;
@@ -1835,7 +1832,7 @@ async fn hold_with_short_timeouts(
     mode: NotificationMode,
     prefix: &str,
     name: &str,
-) -> (LockClient, fredlock::Mutex, fredlock::LockGuard) {
+) -> (LockClient, fredlock::Mutex, fredlock::MutexGuard) {
     let mut cfg = config(&server.url(), prefix, mode, 4);
     cfg.command_timeout = Duration::from_millis(300);
     let locks = LockClient::connect(cfg).await.unwrap();

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use fredlock::{Config, Error, LockClient, NotificationMode, MAX_NAME_LEN};
+use fredlock::{Config, Error, LockClient, LockGuard, NotificationMode, MAX_NAME_LEN};
 use support::{init_tracing, RedisServer, Resp};
 
 /// Bound that only turns a hang into a failure; never a performance claim.
@@ -106,9 +106,9 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
                 locks.rwlock(name).unwrap(),
             );
             let guard = match kind {
-                "fair" => fair.try_lock().await.unwrap(),
-                "rw" => rw.try_write().await.unwrap(),
-                _ => mutex.try_lock().await.unwrap(),
+                "fair" => fair.try_lock().await.unwrap().map(LockGuard::from),
+                "rw" => rw.try_write().await.unwrap().map(LockGuard::from),
+                _ => mutex.try_lock().await.unwrap().map(LockGuard::from),
             };
             // A waiter makes releases emit (marker / queue), so event keys are written.
             let waiting = {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fred::interfaces::KeysInterface;
-use fredlock::{Config, Lease, LockClient, LockGuard, NotificationMode};
+use fredlock::{Config, Lease, LockClient, MutexGuard, NotificationMode};
 use support::{RedisServer, Resp, WorkerHandle};
 
 // ---------------------------------------------------------------------------
@@ -51,10 +51,7 @@ const LONG_LEASE: Duration = Duration::from_secs(120);
 const HANG: Duration = Duration::from_secs(30);
 
 fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 fn parse_mode(name: &str) -> NotificationMode {
@@ -191,7 +188,7 @@ fn notifier_ids(server: &RedisServer, mode: NotificationMode) -> Vec<String> {
         .into_iter()
         .filter(|c| match mode {
             NotificationMode::Stream => c.get("cmd").map(String::as_str) == Some("xread"),
-            NotificationMode::PubSub => c
+            _ => c
                 .get("sub")
                 .and_then(|s| s.parse::<u64>().ok())
                 .is_some_and(|n| n > 0),
@@ -233,7 +230,7 @@ fn kill_connections(server: &RedisServer, mode: NotificationMode) -> String {
     );
     let killed_notifiers = match mode {
         NotificationMode::PubSub => server.cmd(&["CLIENT", "KILL", "TYPE", "pubsub"]).as_int(),
-        NotificationMode::Stream => notifiers
+        _ => notifiers
             .iter()
             .map(|id| server.cmd(&["CLIENT", "KILL", "ID", id]).as_int())
             .sum(),
@@ -490,7 +487,7 @@ async fn holder_sigkill(mode: NotificationMode) {
         .await
         .unwrap_or_else(|_| panic!("no acquisition within {HANG:?} after the holder died"))
         .expect("waiter task");
-    let guard: LockGuard = guard.expect("lock after the holder died");
+    let guard: MutexGuard = guard.expect("lock after the holder died");
     let took = acquired_at.saturating_duration_since(killed_at);
     eprintln!(
         "[{}] holder SIGKILL: waiter acquired {took:?} after the kill (lease {CRASH_LEASE:?}); \
@@ -611,7 +608,7 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
         .await
         .expect("connect waiters");
 
-    let mut held: Vec<LockGuard> = Vec::new();
+    let mut held: Vec<MutexGuard> = Vec::new();
     for name in &names {
         let guard = holder
             .mutex(name)
@@ -624,7 +621,11 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
             .expect("the lock is free");
         held.push(guard);
     }
-    let max_held_token = held.iter().map(LockGuard::fencing_token).max().unwrap_or(0);
+    let max_held_token = held
+        .iter()
+        .map(|guard| guard.fencing_token())
+        .max()
+        .unwrap_or(0);
     let held_tokens: HashMap<String, u64> = held
         .iter()
         .map(|g| (g.name().to_owned(), g.fencing_token()))

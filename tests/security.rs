@@ -102,10 +102,7 @@ const ACL_COMMANDS: &[&str] = &[
 const ACL_CONDITIONAL: &[&str] = &["ssubscribe", "spublish", "wait", "select"];
 
 fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 fn config(url: &str, prefix: &str, mode: NotificationMode) -> Config {
@@ -192,7 +189,7 @@ async fn a_hold_is_entered_only_with_its_owner_token() {
         for (kind, fair) in [("mutex", false), ("fair", true)] {
             let name = format!("owned-{kind}");
             let handle = if fair {
-                locks.fair_mutex(&name)
+                locks.fair_mutex(&name).map(fredlock::Mutex::from)
             } else {
                 locks.mutex(&name)
             }
@@ -514,7 +511,7 @@ async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
             let name = if fair { "acl-fair" } else { "acl-mutex" };
             let make = |client: &LockClient| {
                 if fair {
-                    client.fair_mutex(name)
+                    client.fair_mutex(name).map(fredlock::Mutex::from)
                 } else {
                     client.mutex(name)
                 }

@@ -193,10 +193,7 @@ pub fn parse_mode(text: &str) -> Result<NotificationMode, String> {
 }
 
 pub fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 impl Args {

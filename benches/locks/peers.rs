@@ -193,9 +193,9 @@ impl AnyLock {
     /// Waits for the lock: a shared hold when `read` (an `RwLock`; others ignore it).
     pub async fn lock(&self, read: bool) -> Result<AnyGuard, String> {
         let fred = match (self, read) {
-            (AnyLock::Exclusive(mutex), _) => mutex.lock().await,
-            (AnyLock::Rw(rw), true) => rw.read().await,
-            (AnyLock::Rw(rw), false) => rw.write().await,
+            (AnyLock::Exclusive(mutex), _) => mutex.lock().await.map(LockGuard::from),
+            (AnyLock::Rw(rw), true) => rw.read().await.map(LockGuard::from),
+            (AnyLock::Rw(rw), false) => rw.write().await.map(LockGuard::from),
             (AnyLock::Naive(naive), _) => {
                 return Ok(AnyGuard::Naive(naive.clone(), naive.lock().await?))
             }
@@ -270,7 +270,7 @@ impl Side {
         let err = |err: fredlock::Error| err.to_string();
         Ok(match kind {
             LockKind::Mutex => AnyLock::Exclusive(fred()?.mutex(name).map_err(err)?),
-            LockKind::Fair => AnyLock::Exclusive(fred()?.fair_mutex(name).map_err(err)?),
+            LockKind::Fair => AnyLock::Exclusive(fred()?.fair_mutex(name).map_err(err)?.into()),
             LockKind::RwLock => AnyLock::Rw(fred()?.rwlock(name).map_err(err)?),
             LockKind::Naive => AnyLock::Naive(Naive::on(&self.plain, &self.prefix, name).await?),
             LockKind::Rslock => AnyLock::Rslock(Rslock::on(&self.rslock, &self.prefix, name)),

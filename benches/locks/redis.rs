@@ -315,9 +315,7 @@ pub async fn notifier_ids(client: &Client, mode: NotificationMode) -> Result<Has
         .into_iter()
         .filter(|c| match mode {
             NotificationMode::Stream => c.get("cmd").map(String::as_str) == Some("xread"),
-            NotificationMode::PubSub => {
-                number(c, "sub") + number(c, "psub") + number(c, "ssub") > 0
-            }
+            _ => number(c, "sub") + number(c, "psub") + number(c, "ssub") > 0,
         })
         .filter_map(|c| c.get("id").and_then(|id| id.parse().ok()))
         .collect())

@@ -138,7 +138,8 @@ async fn s4(
                 guards.push(
                     taken
                         .map_err(|err| err.to_string())?
-                        .map_err(|err| format!("S4 holder: {err}"))?,
+                        .map_err(|err| format!("S4 holder: {err}"))?
+                        .into(),
                 );
             }
         }

@@ -176,7 +176,7 @@ pub async fn s6_run(
     let before_kill = notifier_ids(probe, mode).await?;
     let ours = match mode {
         NotificationMode::Stream => notifier.len(),
-        NotificationMode::PubSub => notifier.len() + holder_notifier.len(),
+        _ => notifier.len() + holder_notifier.len(),
     } as u64;
     let killed_at = Instant::now();
     let killed: u64 = match mode {
@@ -189,7 +189,7 @@ pub async fn s6_run(
             )
             .await?
         }
-        NotificationMode::Stream => {
+        _ => {
             let mut killed = 0;
             for id in &notifier {
                 let n: u64 = raw_command(

@@ -206,10 +206,7 @@ impl LockKind {
 }
 
 pub fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        NotificationMode::PubSub => "pubsub",
-    }
+    mode.as_str()
 }
 
 pub fn parse_mode(name: &str) -> Option<NotificationMode> {

@@ -42,15 +42,15 @@ impl Handle {
         let name = format!("chaos-{}", kind.id());
         Ok(match kind {
             LockKind::Mutex => Handle::Mutex(locks.mutex(&name)?),
-            LockKind::Fair => Handle::Mutex(locks.fair_mutex(&name)?),
+            LockKind::Fair => Handle::Mutex(locks.fair_mutex(&name)?.into()),
             LockKind::RwWrite => Handle::Rw(locks.rwlock(&name)?),
         })
     }
 
     async fn acquire(&self) -> fredlock::Result<LockGuard> {
         match self {
-            Handle::Mutex(mutex) => mutex.lock().await,
-            Handle::Rw(rw) => rw.write().await,
+            Handle::Mutex(mutex) => mutex.lock().await.map(LockGuard::from),
+            Handle::Rw(rw) => rw.write().await.map(LockGuard::from),
         }
     }
 }

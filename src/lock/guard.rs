@@ -1,7 +1,8 @@
-//! The guard every lock type returns.
+//! The guard every lock type returns ([`LockGuard`]), and the typed guards that wrap it.
 
 use std::fmt;
 use std::future::Future;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,10 @@ use crate::error::{Error, NotHeldReason, Result};
 use crate::lease::{check_extension, release_hold, renew, Hold, LostCause, ReleaseJob};
 use crate::owner::Owner;
 
-/// Proof of one hold on a lock. Returned by every acquire method of every lock type.
+/// Proof of one hold on a lock: the guard all lock types share. Each lock type returns it
+/// wrapped in its own guard type ([`MutexGuard`], [`FairMutexGuard`], [`ReadGuard`],
+/// [`WriteGuard`]), which dereferences to it; `LockGuard::from(typed)` erases the lock type
+/// for code that handles guards of several lock types.
 ///
 /// * [`fencing_token`](Self::fencing_token): pass it to the resource you protect and let the
 ///   resource reject writes with a token lower than one it has seen.
@@ -75,7 +79,7 @@ impl LockGuard {
     /// critical section:
     ///
     /// ```no_run
-    /// # async fn f(guard: fredlock::LockGuard) {
+    /// # async fn f(guard: fredlock::MutexGuard) {
     /// tokio::select! {
     ///     cause = guard.lost() => eprintln!("lost the lock: {cause:?}"),
     ///     _ = do_work() => {}
@@ -168,3 +172,67 @@ impl fmt::Debug for LockGuard {
             .finish()
     }
 }
+
+/// Defines a guard type of one lock type: a newtype over [`LockGuard`] that dereferences to
+/// it, with a consuming `unlock` and conversions to the untyped guard.
+macro_rules! typed_guard {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        ///
+        /// It dereferences to [`LockGuard`] for everything but the consuming calls:
+        /// [`fencing_token`](LockGuard::fencing_token), [`lost`](LockGuard::lost),
+        /// [`lost_cause`](LockGuard::lost_cause), [`lease_deadline`](LockGuard::lease_deadline),
+        /// [`extend`](LockGuard::extend), [`name`](LockGuard::name). Dropping it releases the
+        /// hold like dropping a [`LockGuard`].
+        #[must_use = "dropping the guard releases the lock at once"]
+        #[derive(Debug)]
+        pub struct $name(LockGuard);
+
+        impl $name {
+            pub(crate) fn new(guard: LockGuard) -> Self {
+                $name(guard)
+            }
+
+            /// Releases this hold and reports the outcome (see [`LockGuard::unlock`]).
+            pub async fn unlock(self) -> Result<()> {
+                self.0.unlock().await
+            }
+
+            /// The untyped guard, for code that handles guards of several lock types.
+            pub fn into_inner(self) -> LockGuard {
+                self.0
+            }
+        }
+
+        impl Deref for $name {
+            type Target = LockGuard;
+
+            fn deref(&self) -> &LockGuard {
+                &self.0
+            }
+        }
+
+        impl From<$name> for LockGuard {
+            fn from(guard: $name) -> LockGuard {
+                guard.0
+            }
+        }
+    };
+}
+
+typed_guard!(
+    /// The guard of a [`Mutex`](crate::Mutex) hold.
+    MutexGuard
+);
+typed_guard!(
+    /// The guard of a [`FairMutex`](crate::FairMutex) hold.
+    FairMutexGuard
+);
+typed_guard!(
+    /// The guard of a read hold on an [`RwLock`](crate::RwLock).
+    ReadGuard
+);
+typed_guard!(
+    /// The guard of a write hold on an [`RwLock`](crate::RwLock).
+    WriteGuard
+);

@@ -297,6 +297,7 @@ pub(crate) fn flag_reply(script: &Script, reply: &[i64]) -> Result<bool> {
 
 /// The state of a lock as seen by [`Mutex::state`](crate::Mutex::state).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockState {
     /// Whether anyone holds the lock.
     pub locked: bool,

@@ -1,4 +1,5 @@
-//! [`Mutex`]: an exclusive reentrant lock, barging or fair; and the barging driver.
+//! [`Mutex`] and [`FairMutex`]: the exclusive reentrant lock handles (one shared core); and
+//! the barging driver.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::fair::FairDriver;
-use crate::lock::guard::LockGuard;
+use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, inspect, release_with, run_fenced_ints, Acquirer, LockState,
 };
@@ -20,22 +21,17 @@ use crate::notify::{Bid, WaitKind};
 use crate::owner::Owner;
 use crate::scripts::SCRIPTS;
 
-/// An exclusive, reentrant distributed lock (Redisson's `RLock` / `RFairLock`).
+/// An exclusive, reentrant distributed lock (Redisson's `RLock`), made by
+/// [`LockClient::mutex`]: *barging*. For strict FIFO across processes use [`FairMutex`]; a
+/// `FairMutex` also converts into a `Mutex` (`Mutex::from`) for code that picks the ordering
+/// at run time ([`is_fair`](Self::is_fair) tells which one a handle has).
 ///
-/// **Ordering.** It depends on how the handle was made:
-///
-/// * [`LockClient::mutex`]: *barging*, local first. A release whose process has a task waiting
-///   for the lock hands the lock straight to that task (one round trip, no event), at most
-///   [`Config::handover_streak`](crate::Config::handover_streak) times in a row (3 by
-///   default); otherwise, or then, it frees the lock and whoever asks first gets it, queued or
-///   not, with one local waiter per process woken per release, in local arrival order. Fastest
-///   hand-off; no fairness across processes.
-/// * [`LockClient::fair_mutex`] ([`FairMutex`]): *strict FIFO* across all processes, in the
-///   order in which acquisitions joined the queue in Redis. [`try_lock`](Self::try_lock) fails
-///   when anyone is queued. A release grants the lock to the next waiter and wakes only it (no
-///   herd, and no script call of its own). A waiter whose process died is evicted within
-///   [`Config::waiter_lease`](crate::Config::waiter_lease); one that times out or is cancelled
-///   leaves the queue at once and passes the turn on.
+/// **Ordering** (barging): local first. A release whose process has a task waiting for the
+/// lock hands the lock straight to that task (one round trip, no event), at most
+/// [`Config::handover_streak`](crate::Config::handover_streak) times in a row (3 by default);
+/// otherwise, or then, it frees the lock and whoever asks first gets it, queued or not, with
+/// one local waiter per process woken per release, in local arrival order. Fastest hand-off;
+/// no fairness across processes.
 ///
 /// A fair lock and a barging lock with the same name are different locks.
 ///
@@ -43,7 +39,7 @@ use crate::scripts::SCRIPTS;
 /// tasks sharing a handle exclude each other. A handle bound with [`Mutex::with_owner`]
 /// re-enters: each acquisition adds one to the hold count and each guard released takes one
 /// away; the lock is free when the count reaches zero. The fencing token stays the same across
-/// re-entry. Re-entry never waits, also on a fair lock.
+/// re-entry. Re-entry never waits, also on a [`FairMutex`].
 ///
 /// **Cancellation.** Dropping a pending [`lock`](Self::lock) future leaves nothing behind: no
 /// local waiter, no place in a queue, and a hold that its in-flight script took, or that a
@@ -61,113 +57,193 @@ use crate::scripts::SCRIPTS;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
-pub struct Mutex {
+pub struct Mutex(Handle);
+
+/// An exclusive, reentrant, *fair* distributed lock (Redisson's `RFairLock`), made by
+/// [`LockClient::fair_mutex`]. Same methods as [`Mutex`]; a function that needs FIFO order can
+/// ask for this type.
+///
+/// **Ordering.** Strict FIFO across all processes, in the order in which acquisitions joined
+/// the queue in Redis. [`try_lock`](Self::try_lock) fails when anyone is queued. A release
+/// grants the lock to the next waiter and wakes only it (no herd, and no script call of its
+/// own). A waiter whose process died is evicted within
+/// [`Config::waiter_lease`](crate::Config::waiter_lease); one that times out or is cancelled
+/// leaves the queue at once and passes the turn on.
+///
+/// A fair lock and a barging lock with the same name are different locks. Re-entry,
+/// cancellation and leases work as for [`Mutex`], and `Mutex::from(fair)` gives the same lock
+/// behind the general handle type.
+///
+/// ```no_run
+/// # async fn demo(locks: fredlock::LockClient) -> fredlock::Result<()> {
+/// let tickets = locks.fair_mutex("tickets")?;
+/// let guard: fredlock::FairMutexGuard = tickets.lock().await?;
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct FairMutex(Handle);
+
+/// What [`Mutex`] and [`FairMutex`] share: the acquirer. The public handles forward to it
+/// (see `mutex_handle!`) and wrap its guards in their own guard type.
+#[derive(Clone)]
+struct Handle {
     inner: Acquirer,
     fair: bool,
 }
 
-/// A [`Mutex`] made by [`LockClient::fair_mutex`]: strict FIFO across processes.
-pub type FairMutex = Mutex;
-
-impl Mutex {
-    pub(crate) fn barging(client: LockClient, name: &str) -> Result<Mutex> {
-        let keys = client.keyspace().lock("mutex", name)?;
-        let driver = MutexDriver { keys, client };
-        Ok(Mutex {
-            inner: Acquirer::new(Arc::new(driver)),
-            fair: false,
-        })
-    }
-
-    pub(crate) fn fair(client: LockClient, name: &str) -> Result<Mutex> {
-        let keys = client.keyspace().lock("fair", name)?;
-        Ok(Mutex {
-            inner: Acquirer::new(Arc::new(FairDriver::new(client, keys))),
-            fair: true,
-        })
-    }
-
-    /// The lock's name.
-    pub fn name(&self) -> &str {
+impl Handle {
+    fn name(&self) -> &str {
         self.inner.driver.keys().name()
     }
 
-    pub(crate) fn driver(&self) -> &Arc<dyn Driver> {
-        &self.inner.driver
-    }
-
-    /// Whether this is a fair (FIFO) lock.
-    pub fn is_fair(&self) -> bool {
-        self.fair
-    }
-
-    /// A handle whose acquisitions are taken under `owner`, so they re-enter each other.
-    pub fn with_owner(self, owner: &Owner) -> Mutex {
-        Mutex {
+    fn with_owner(self, owner: &Owner) -> Handle {
+        Handle {
             inner: self.inner.with_owner(owner),
             fair: self.fair,
         }
     }
 
-    /// A handle whose acquisitions use `lease`. Fails with
-    /// [`Error::InvalidDuration`](crate::Error::InvalidDuration) for zero or out-of-range leases.
-    pub fn with_lease(self, lease: Lease) -> Result<Mutex> {
-        Ok(Mutex {
+    fn with_lease(self, lease: Lease) -> Result<Handle> {
+        Ok(Handle {
             inner: self.inner.with_lease(lease)?,
             fair: self.fair,
         })
     }
 
-    /// The owner this handle is bound to, if any.
-    pub fn owner(&self) -> Option<&Owner> {
-        self.inner.owner()
-    }
-
-    /// Waits until the lock is acquired.
-    pub async fn lock(&self) -> Result<LockGuard> {
-        self.inner.wait_forever().await
-    }
-
-    /// One attempt without waiting: `Ok(None)` when another owner holds the lock (or, for a
-    /// fair lock, when anyone is queued).
-    pub async fn try_lock(&self) -> Result<Option<LockGuard>> {
-        self.inner.wait_for(Duration::ZERO).await
-    }
-
-    /// Waits at most `timeout`: `Ok(None)` when it passed without the lock.
-    pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        self.inner.wait_for(timeout).await
-    }
-
-    /// Whether anyone holds the lock now.
-    pub async fn is_locked(&self) -> Result<bool> {
-        Ok(self.state().await?.locked)
-    }
-
-    /// A consistent snapshot of the lock (one script call).
-    pub async fn state(&self) -> Result<LockState> {
+    async fn state(&self) -> Result<LockState> {
         inspect(self.inner.driver.as_ref()).await
     }
 
-    /// Frees the lock whoever holds it and wakes the next waiter. The fencing counter is not
-    /// reset. Returns whether a hold was removed. The evicted holder's guard learns it through
-    /// [`LockGuard::lost`] at its next renewal.
-    pub async fn force_unlock(&self) -> Result<bool> {
+    async fn force_unlock(&self) -> Result<bool> {
         let removed = self.inner.driver.force_unlock().await?;
         tracing::info!(lock = self.name(), removed, "force unlock");
         Ok(removed)
     }
-}
 
-impl fmt::Debug for Mutex {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Mutex")
+    fn debug(&self, f: &mut fmt::Formatter<'_>, kind: &str) -> fmt::Result {
+        f.debug_struct(kind)
             .field("name", &self.name())
             .field("fair", &self.fair)
-            .field("owner", &self.owner())
+            .field("owner", &self.inner.owner())
             .finish()
     }
 }
+
+impl Mutex {
+    pub(crate) fn barging(client: LockClient, name: &str) -> Result<Mutex> {
+        let keys = client.keyspace().lock("mutex", name)?;
+        let driver = MutexDriver { keys, client };
+        Ok(Mutex(Handle {
+            inner: Acquirer::new(Arc::new(driver)),
+            fair: false,
+        }))
+    }
+
+    /// Whether this handle is a fair (FIFO) lock: one converted from a [`FairMutex`].
+    pub fn is_fair(&self) -> bool {
+        self.0.fair
+    }
+
+    pub(crate) fn driver(&self) -> &Arc<dyn Driver> {
+        &self.0.inner.driver
+    }
+}
+
+impl FairMutex {
+    pub(crate) fn new(client: LockClient, name: &str) -> Result<FairMutex> {
+        let keys = client.keyspace().lock("fair", name)?;
+        Ok(FairMutex(Handle {
+            inner: Acquirer::new(Arc::new(FairDriver::new(client, keys))),
+            fair: true,
+        }))
+    }
+}
+
+/// The same fair lock behind the general handle type, for code that picks the ordering at
+/// run time; its acquisitions stay FIFO and return [`MutexGuard`]s.
+impl From<FairMutex> for Mutex {
+    fn from(fair: FairMutex) -> Mutex {
+        Mutex(fair.0)
+    }
+}
+
+/// The public methods of a mutex handle type, forwarding to [`Handle`]; `$guard` wraps the
+/// guards it returns.
+macro_rules! mutex_handle {
+    ($handle:ident, $guard:ident) => {
+        impl $handle {
+            /// The lock's name.
+            pub fn name(&self) -> &str {
+                self.0.name()
+            }
+
+            /// A handle whose acquisitions are taken under `owner`, so they re-enter each other.
+            pub fn with_owner(self, owner: &Owner) -> $handle {
+                $handle(self.0.with_owner(owner))
+            }
+
+            /// A handle whose acquisitions use `lease`. Fails with
+            /// [`Error::InvalidDuration`](crate::Error::InvalidDuration) for zero or
+            /// out-of-range leases.
+            pub fn with_lease(self, lease: Lease) -> Result<$handle> {
+                Ok($handle(self.0.with_lease(lease)?))
+            }
+
+            /// The owner this handle is bound to, if any.
+            pub fn owner(&self) -> Option<&Owner> {
+                self.0.inner.owner()
+            }
+
+            /// Waits until the lock is acquired.
+            pub async fn lock(&self) -> Result<$guard> {
+                self.0.inner.wait_forever().await.map($guard::new)
+            }
+
+            /// One attempt without waiting: `Ok(None)` when another owner holds the lock (or,
+            /// for a fair lock, when anyone is queued).
+            pub async fn try_lock(&self) -> Result<Option<$guard>> {
+                Ok(self
+                    .0
+                    .inner
+                    .wait_for(Duration::ZERO)
+                    .await?
+                    .map($guard::new))
+            }
+
+            /// Waits at most `timeout`: `Ok(None)` when it passed without the lock.
+            pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<$guard>> {
+                Ok(self.0.inner.wait_for(timeout).await?.map($guard::new))
+            }
+
+            /// Whether anyone holds the lock now.
+            pub async fn is_locked(&self) -> Result<bool> {
+                Ok(self.0.state().await?.locked)
+            }
+
+            /// A consistent snapshot of the lock (one script call).
+            pub async fn state(&self) -> Result<LockState> {
+                self.0.state().await
+            }
+
+            /// Frees the lock whoever holds it and wakes the next waiter. The fencing counter is
+            /// not reset. Returns whether a hold was removed. The evicted holder's guard learns
+            /// it through [`LockGuard::lost`](crate::LockGuard::lost) at its next renewal.
+            pub async fn force_unlock(&self) -> Result<bool> {
+                self.0.force_unlock().await
+            }
+        }
+
+        impl fmt::Debug for $handle {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.debug(f, stringify!($handle))
+            }
+        }
+    };
+}
+
+mutex_handle!(Mutex, MutexGuard);
+mutex_handle!(FairMutex, FairMutexGuard);
 
 /// Keys and scripts of one barging mutex. Key names are built per call rather than stored:
 /// a handle per lock stays small (thousands of locks), and a script call allocates its key

@@ -560,6 +560,17 @@ impl Drop for RedlockGuard {
     }
 }
 
+impl std::fmt::Debug for Redlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redlock")
+            .field("name", &self.name)
+            .field("instances", &self.instances.len())
+            .field("owner", &self.owner)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
 impl std::fmt::Debug for RedlockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedlockGuard")
@@ -603,7 +614,11 @@ async fn keep_alive(
         tokio::select! {
             _ = tokio::time::sleep(lease / 3) => {}
             _ = tokio::time::sleep_until(deadline) => {
-                shared.mark_lost(&name, LostCause::RenewalFailed("no quorum renewal before the validity ended".into()));
+                let late = fred::error::Error::new(
+                    fred::error::ErrorKind::Timeout,
+                    "no quorum renewal before the validity ended",
+                );
+                shared.mark_lost(&name, LostCause::RenewalFailed(Arc::new(Error::Timeout(late))));
                 return;
             }
         }
@@ -622,10 +637,11 @@ async fn keep_alive(
                 let cause = if gone + renewed >= quorum && gone > 0 {
                     LostCause::KeyDeleted
                 } else {
-                    LostCause::RenewalFailed(format!(
-                        "{renewed} of {} instances renewed, {quorum} needed",
-                        holds.len()
-                    ))
+                    LostCause::RenewalFailed(Arc::new(Error::NoQuorum {
+                        lock: name.clone(),
+                        reached: renewed,
+                        needed: quorum,
+                    }))
                 };
                 shared.mark_lost(&name, cause);
                 return;

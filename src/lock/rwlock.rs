@@ -15,7 +15,7 @@ use crate::engine::{Attempt, BoxFuture, Driver, Released};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lease::Lease;
-use crate::lock::guard::LockGuard;
+use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, release_with, run_fenced_ints, run_ints, Acquirer, QueueKeys,
 };
@@ -57,13 +57,9 @@ pub struct RwLock {
     write: Acquirer,
 }
 
-/// Guard of a read hold.
-pub type ReadGuard = LockGuard;
-/// Guard of a write hold.
-pub type WriteGuard = LockGuard;
-
 /// The state of a read-write lock as seen by [`RwLock::state`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RwLockState {
     /// Whether a writer holds the lock.
     pub write_locked: bool,
@@ -115,32 +111,40 @@ impl RwLock {
 
     /// Waits for a read hold.
     pub async fn read(&self) -> Result<ReadGuard> {
-        self.read.wait_forever().await
+        self.read.wait_forever().await.map(ReadGuard::new)
     }
 
     /// Waits for a write hold.
     pub async fn write(&self) -> Result<WriteGuard> {
-        self.write.wait_forever().await
+        self.write.wait_forever().await.map(WriteGuard::new)
     }
 
     /// One attempt at a read hold: `Ok(None)` when a writer holds or waits ahead.
     pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
-        self.read.wait_for(Duration::ZERO).await
+        Ok(self
+            .read
+            .wait_for(Duration::ZERO)
+            .await?
+            .map(ReadGuard::new))
     }
 
     /// One attempt at a write hold: `Ok(None)` when the lock is held or others queue.
     pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
-        self.write.wait_for(Duration::ZERO).await
+        Ok(self
+            .write
+            .wait_for(Duration::ZERO)
+            .await?
+            .map(WriteGuard::new))
     }
 
     /// Waits at most `timeout` for a read hold.
     pub async fn read_timeout(&self, timeout: Duration) -> Result<Option<ReadGuard>> {
-        self.read.wait_for(timeout).await
+        Ok(self.read.wait_for(timeout).await?.map(ReadGuard::new))
     }
 
     /// Waits at most `timeout` for a write hold.
     pub async fn write_timeout(&self, timeout: Duration) -> Result<Option<WriteGuard>> {
-        self.write.wait_for(timeout).await
+        Ok(self.write.wait_for(timeout).await?.map(WriteGuard::new))
     }
 
     /// A consistent snapshot of the lock (one script call).
