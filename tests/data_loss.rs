@@ -48,44 +48,26 @@ fn mode_name(mode: NotificationMode) -> &'static str {
 /// One exclusive hold of each lock type on `name`, with a fixed and a watchdog lease.
 async fn hold_everything(client: &LockClient, name: &str) -> Vec<LockGuard> {
     let fixed = Lease::fixed(LONG);
-    let watchdog = Lease::watchdog(LONG);
+    let mutex = |suffix: &str| client.mutex(&format!("{name}-{suffix}")).unwrap();
+    let fair = client.fair_mutex(&format!("{name}-f")).unwrap();
+    let rw = client.rwlock(&format!("{name}-rw")).unwrap();
     vec![
-        client
-            .mutex(&format!("{name}-m"))
-            .unwrap()
+        mutex("m")
             .with_lease(fixed)
             .unwrap()
             .lock()
             .await
             .unwrap()
             .into(),
-        client
-            .mutex(&format!("{name}-w"))
-            .unwrap()
-            .with_lease(watchdog)
+        mutex("w")
+            .with_lease(Lease::watchdog(LONG))
             .unwrap()
             .lock()
             .await
             .unwrap()
             .into(),
-        client
-            .fair_mutex(&format!("{name}-f"))
-            .unwrap()
-            .with_lease(fixed)
-            .unwrap()
-            .lock()
-            .await
-            .unwrap()
-            .into(),
-        client
-            .rwlock(&format!("{name}-rw"))
-            .unwrap()
-            .with_lease(fixed)
-            .unwrap()
-            .write()
-            .await
-            .unwrap()
-            .into(),
+        fair.with_lease(fixed).unwrap().lock().await.unwrap().into(),
+        rw.with_lease(fixed).unwrap().write().await.unwrap().into(),
     ]
 }
 
