@@ -285,15 +285,11 @@ fn check_url(url: &str) -> Result<()> {
         .strip_suffix("-cluster")
         .or_else(|| scheme.strip_suffix("-sentinel"))
         .unwrap_or(scheme);
-    let served = match base {
-        "redis" | "valkey" => true,
-        "rediss" | "valkeys" => cfg!(feature = "tls"),
-        _ => false,
-    };
-    if served {
+    let tls = matches!(base, "rediss" | "valkeys");
+    if matches!(base, "redis" | "valkey") || (tls && cfg!(feature = "tls")) {
         return Ok(());
     }
-    let hint = if matches!(base, "rediss" | "valkeys") {
+    let hint = if tls {
         " (TLS needs the crate feature `tls`)"
     } else {
         ""
