@@ -949,7 +949,12 @@ mod tls {
 
             let mutex = |client: &LockClient| client.mutex("tls-cycle").expect("mutex");
             mutex_handoff(&mutex(&holder), &mutex(&waiter), &waiter).await;
-            let fair = |client: &LockClient| client.fair_mutex("tls-fair").expect("fair");
+            let fair = |client: &LockClient| {
+                client
+                    .fair_mutex("tls-fair")
+                    .map(fredlock::Mutex::from)
+                    .expect("fair")
+            };
             mutex_handoff(&fair(&holder), &fair(&waiter), &waiter).await;
 
             for client in [&holder, &waiter] {
