@@ -8,21 +8,22 @@
 -- leaves a free lock with a live head, the head is told by a `name` event.
 --
 -- KEYS[1] hold     hold hash (see lib/hold.lua)
--- KEYS[2] fence    the shard's fence key (see lib/fence.lua)
--- KEYS[3] queue    LIST of waiter ids (see lib/queue.lua)
--- KEYS[4] alive    ZSET waiter id -> lease end (server ms)
--- KEYS[5] events   the shard's stream or channel
--- KEYS[6] seq      the shard's event counter
--- KEYS[7] bids     HASH waiter id -> "<lease ms>|<inbox tag>|<owner id>" (see lib/fair.lua)
--- ARGV[1] owner id
--- ARGV[2] lease in ms (> 0)
--- ARGV[3] op id, unique per call; a retried call with the same op id is answered, not re-applied
--- ARGV[4] waiter id of this acquisition (unique per acquisition)
--- ARGV[5] waiter lease in ms; 0 for a try that must not join the queue
--- ARGV[6] notification mode, ARGV[7] stream max length, ARGV[8] lock id (see lib/notify.lua)
--- ARGV[9] the inbox tag of this acquisition's client: a grant is sent to that client alone
---         (lib/fair.lua); "": to the shard's events key
--- ARGV[10] the fence argument "<0|1><layout>" (see lib/fence.lua)
+-- KEYS[2] bids     HASH waiter id -> "<lease ms>|<inbox tag>|<owner id>" (see lib/fair.lua)
+-- KEYS[3] fence    the shard's fence key (see lib/fence.lua)
+-- KEYS[4] events   the shard's stream or channel
+-- KEYS[5] seq      the shard's event counter
+-- KEYS[6] queue    LIST of waiter ids (see lib/queue.lua)
+-- KEYS[7] alive    ZSET waiter id -> lease end (server ms)
+-- ARGV[1] owner    owner id
+-- ARGV[2] lease    lease in ms (> 0)
+-- ARGV[3] op       op id, unique per call; a retried call with the same op id is answered, not
+--                  re-applied
+-- ARGV[4] waiter   waiter id of this acquisition (unique per acquisition)
+-- ARGV[5] waiter-lease  waiter lease in ms; 0 for a try that must not join the queue
+-- ARGV[6] mode, ARGV[7] maxlen, ARGV[8] lock-id   the event arguments (see lib/notify.lua)
+-- ARGV[9] inbox    the inbox tag of this acquisition's client: a grant is sent to that client
+--                  alone (lib/fair.lua); "": to the shard's events key
+-- ARGV[10] fence   the fence argument "<0|1><layout>" (see lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {1, fencing token, hold count, remaining ms} when a release had already granted the
@@ -36,19 +37,22 @@
 -- any write), the bids by the first write itself (lib/queue.lua writes them before the queue
 -- and the alive set), the fence (by GET, a typed read) and the event keys only when the lock
 -- is free (only then may it take the lock or emit).
-local hold, fence, queue, alive, bids = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[7]
-local owner, lease, op, id, waiter_lease = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5])
+local hold, bids, fence, events, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local queue, alive = KEYS[6], KEYS[7]
+local owner, lease, op, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local waiter_lease, mode, maxlen, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+local inbox, fence_arg = ARGV[9], ARGV[10]
 
 local fields = redis.call('HMGET', hold, 'o', 'r', 'f', 'c')
 local current = fields[1]
 local last
 if not current then
   local refusal
-  last, refusal = fl_fence_read(fence, ARGV[10])
+  last, refusal = fl_fence_read(fence, fence_arg)
   if not last then
     return redis.error_reply(refusal)
   end
-  fl_expect_events(KEYS[5], KEYS[6], ARGV[6])
+  fl_expect_events(events, seq, mode)
 end
 if current and fields[2] == id then
   return {1, tonumber(fields[3]), tonumber(fields[4]), redis.call('PTTL', hold)}
@@ -63,14 +67,14 @@ if not current and (not head or head == id) then
   if head then
     fl_dequeue(queue, alive, id, bids)
   end
-  return fl_take(hold, fl_fence_next(fence, ARGV[10], last), owner, op, lease)
+  return fl_take(hold, fl_fence_next(fence, fence_arg, last), owner, op, lease)
 end
 if evicted > 0 and not current and head then
-  fl_emit(KEYS[5], KEYS[6], ARGV[6], ARGV[7], ARGV[8], 'name', head)
+  fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
 end
 
 if waiter_lease > 0 then
-  fl_enqueue(queue, alive, id, now, waiter_lease, bids, fl_bid(lease, ARGV[9], owner))
+  fl_enqueue(queue, alive, id, now, waiter_lease, bids, fl_bid(lease, inbox, owner))
 end
 
 -- Wait at most until the holder's lease ends, or (free but reserved) the head's waiter lease.

@@ -2,25 +2,28 @@
 -- head. Uses lib/hold.lua, lib/fence.lua, lib/queue.lua, lib/notify.lua and lib/fair.lua. The
 -- shard's fence key is left alone (the grant takes its next token).
 --
--- KEYS[1] hold, KEYS[2] queue, KEYS[3] alive, KEYS[4] events, KEYS[5] seq, KEYS[6] bids,
--- KEYS[7] fence (see fair_release.lua)
--- ARGV[1] notification mode, ARGV[2] stream max length, ARGV[3] lock id (see lib/notify.lua)
--- ARGV[4] the fence argument (lib/fence.lua)
+-- KEYS[1] hold, KEYS[2] bids, KEYS[3] fence, KEYS[4] events, KEYS[5] seq, KEYS[6] queue,
+-- KEYS[7] alive (see fair_release.lua)
+-- ARGV[1..5]       unused (this script has no call arguments)
+-- ARGV[6] mode, ARGV[7] maxlen, ARGV[8] lock-id   the event arguments (see lib/notify.lua)
+-- ARGV[9] fence    the fence argument (lib/fence.lua)
 --
 -- Returns {1} when a hold was removed, {0} when the lock was free.
-fl_expect(KEYS[1], 'hash')
-fl_expect(KEYS[2], 'list')
-fl_expect(KEYS[3], 'zset')
-fl_expect(KEYS[6], 'hash')
-fl_expect_events(KEYS[4], KEYS[5], ARGV[1])
-local last = fl_fence_read(KEYS[7], ARGV[4])
-if not redis.call('HGET', KEYS[1], 'o') then
+local hold, bids, fence, events, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local queue, alive = KEYS[6], KEYS[7]
+local mode, maxlen, lock_id, fence_arg = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+fl_expect(hold, 'hash')
+fl_expect(queue, 'list')
+fl_expect(alive, 'zset')
+fl_expect(bids, 'hash')
+fl_expect_events(events, seq, mode)
+local last = fl_fence_read(fence, fence_arg)
+if not redis.call('HGET', hold, 'o') then
   return {0}
 end
 local next_token = last and function()
-  return fl_fence_next(KEYS[7], ARGV[4], last)
+  return fl_fence_next(fence, fence_arg, last)
 end
-redis.call('DEL', KEYS[1])
-fl_grant_head(KEYS[1], next_token, KEYS[2], KEYS[3], KEYS[6], fl_now(),
-  KEYS[4], KEYS[5], ARGV[1], ARGV[2], ARGV[3])
+redis.call('DEL', hold)
+fl_grant_head(hold, next_token, queue, alive, bids, fl_now(), events, seq, mode, maxlen, lock_id)
 return {1}

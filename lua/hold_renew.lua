@@ -1,8 +1,9 @@
 -- hold_renew.lua: renew (or extend) a batch of holds, all in one hash slot.
 -- Serves every lock type whose hold is a hash {o = owner, f = fencing token}.
 --
+-- A batch script (lua/README.md): one group of keys per hold.
 -- KEYS[i]         hold hash of the i-th lock
--- ARGV[1]         lease in ms: each renewed hold expires this long from now; 0 checks the
+-- ARGV[1] lease   lease in ms: each renewed hold expires this long from now; 0 checks the
 --                 holds without renewing them (after the client saw signs of a data loss)
 -- ARGV[2i], ARGV[2i+1]   owner id and fencing token of the i-th hold
 --

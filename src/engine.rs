@@ -33,7 +33,7 @@ use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
 use crate::notify::{Bid, Granted, HandedOver, Registration, WaitKind};
 use crate::owner::{op_id, Owner};
-use crate::scripts::Script;
+use crate::scripts::{Script, ScriptKeys};
 
 /// A boxed, sendable future (drivers are used as trait objects).
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -130,10 +130,9 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn waiter_prefix(&self) -> &'static str {
         ""
     }
-    /// For locks that queue waiters in Redis: the heartbeat script (see
-    /// `lua/fair_heartbeat.lua` for its contract) and this lock's hold, queue, alive and bids
-    /// keys.
-    fn wait_queue(&self) -> Option<(&'static Script, [String; 4])> {
+    /// For locks that queue waiters in Redis: this lock's script keys (its kind and its group
+    /// in the batched heartbeat, `lua/queue_heartbeat.lua`).
+    fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
         None
     }
     /// Leaves the Redis-side wait queue after a timeout or cancellation. Default: nothing.

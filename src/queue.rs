@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use crate::client::Core;
 use crate::engine::Driver;
 use crate::notify::WakeRule;
-use crate::scripts::int_array;
+use crate::scripts::{int_array, Key, SCRIPTS};
 
 /// The queued waiters of one client, by waiter id.
 #[derive(Default)]
@@ -89,28 +89,29 @@ async fn beat(core: &Arc<Core>) {
 type LockWaiters = (Arc<dyn Driver>, Vec<Arc<str>>);
 
 async fn beat_shard(core: Arc<Core>, locks: Vec<LockWaiters>) {
-    let Some((script, _)) = locks.first().and_then(|(driver, _)| driver.wait_queue()) else {
+    let Some((first_driver, _)) = locks.first() else {
         return;
     };
-    let Some((first, _)) = locks.first() else {
+    let Some(first) = first_driver.wait_queue() else {
         return;
     };
-    let mut keys = vec![
-        first.keys().events().to_owned(),
-        first.keys().seq().to_owned(),
-    ];
+    let script = &SCRIPTS.queue_heartbeat;
+    let mut keys = Vec::new();
     let mut args: Vec<Value> = vec![(core.config.waiter_lease.as_millis() as i64).into()];
     args.extend(core.event_args_mode());
     for (driver, waiters) in &locks {
-        if let Some((_, lock_keys)) = driver.wait_queue() {
-            keys.extend(lock_keys);
-        }
+        let Some(lock) = driver.wait_queue() else {
+            continue;
+        };
+        keys.extend(lock.group(Key::Alive));
+        args.push(lock.kind().into());
         args.push(driver.keys().id().as_ref().into());
         args.push((waiters.len() as i64).into());
         args.extend(waiters.iter().map(|w| Value::from(w.as_ref())));
     }
+    keys.extend(first.shard_events());
     let reply = core
-        .run(script, first.keys().name(), keys, args)
+        .run(script, first_driver.keys().name(), keys, args)
         .await
         .and_then(|value| int_array(script.name(), value));
     match reply {

@@ -6,12 +6,18 @@
 //! The SHA1 of each final body is computed at first use; a `NOSCRIPT` reply (after `SCRIPT
 //! FLUSH`, a restart or a failover to a node that never saw the script) is answered by one
 //! `EVAL` of the full body, which also caches the script on that node again.
+//!
+//! Every script takes its KEYS and ARGV in one canonical order, one position per role (see
+//! `lua/README.md`). [`ScriptKeys`] and [`ScriptArgs`] are the only places that build them, and
+//! the unit tests check every script header against [`Key`] and the ARGV positions.
 
 use std::sync::LazyLock;
 
 use fred::clients::Client;
 use fred::interfaces::LuaInterface;
 use fred::types::Value;
+
+use crate::keys::LockKeys;
 
 /// One Lua script.
 pub(crate) struct Script {
@@ -115,8 +121,8 @@ scripts! {
     mutex_force_unlock: [HOLD, NOTIFY],
     fair_acquire: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
     fair_release: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
-    fair_leave: [QUEUE, NOTIFY, RW],
-    fair_heartbeat: [QUEUE, NOTIFY, RW],
+    queue_leave: [QUEUE, NOTIFY, RW],
+    queue_heartbeat: [QUEUE, NOTIFY, RW],
     fair_force_unlock: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
     rw_acquire: [FENCE, QUEUE, NOTIFY, RW],
     rw_release: [QUEUE, NOTIFY, RW],
@@ -125,6 +131,187 @@ scripts! {
     rw_force_unlock: [QUEUE, NOTIFY, RW],
     hold_renew: [],
     hold_inspect: [],
+}
+
+/// A key role and its position in the KEYS of every script that takes it (`lua/README.md`): a
+/// script takes the keys of a prefix of this order, so the discriminant is the 1-based
+/// position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Key {
+    /// The hold hash (the read-write lock's hash).
+    Hold = 1,
+    /// The kind's own key: the barging mutex's waiter marker, the fair lock's bids, the
+    /// read-write lock's readers.
+    Own = 2,
+    /// The shard's fence key.
+    Fence = 3,
+    /// The shard's event stream or channel.
+    Events = 4,
+    /// The shard's event counter.
+    Seq = 5,
+    /// The wait queue (fair and read-write locks).
+    Queue = 6,
+    /// The waiter leases of the queue.
+    Alive = 7,
+    /// The read-write lock's final releases.
+    Done = 8,
+}
+
+impl Key {
+    /// Every role, in the canonical order.
+    const ALL: [Key; 8] = [
+        Key::Hold,
+        Key::Own,
+        Key::Fence,
+        Key::Events,
+        Key::Seq,
+        Key::Queue,
+        Key::Alive,
+        Key::Done,
+    ];
+
+    /// The shard's keys (shared by every lock of the shard), as opposed to the lock's own.
+    fn of_shard(self) -> bool {
+        matches!(self, Key::Fence | Key::Events | Key::Seq)
+    }
+}
+
+/// The KEYS of one lock's scripts, in the canonical order: the one place that orders them.
+/// Key names are built per call (a lock handle stays small; a call allocates its keys anyway).
+#[derive(Clone, Copy)]
+pub(crate) struct ScriptKeys<'a> {
+    lock: &'a LockKeys,
+    own: &'static str,
+}
+
+impl<'a> ScriptKeys<'a> {
+    /// The keys of `lock`, whose own key ([`Key::Own`]) has the role `own` (`"wait"`,
+    /// `"bids"` or `"readers"`).
+    pub(crate) fn new(lock: &'a LockKeys, own: &'static str) -> Self {
+        ScriptKeys { lock, own }
+    }
+
+    /// The lock's kind, as the queue scripts take it (`"fair"` or `"rw"`).
+    pub(crate) fn kind(&self) -> &'static str {
+        self.lock.kind()
+    }
+
+    fn key(&self, role: Key) -> String {
+        match role {
+            Key::Hold => self.lock.key(""),
+            Key::Own => self.lock.key(self.own),
+            Key::Fence => self.lock.fence().to_owned(),
+            Key::Events => self.lock.events().to_owned(),
+            Key::Seq => self.lock.seq().to_owned(),
+            Key::Queue => self.lock.key("queue"),
+            Key::Alive => self.lock.key("alive"),
+            Key::Done => self.lock.key("done"),
+        }
+    }
+
+    /// `KEYS[1..=last]` of a script that works on this lock.
+    pub(crate) fn through(&self, last: Key) -> Vec<String> {
+        Key::ALL[..last as usize]
+            .iter()
+            .map(|&role| self.key(role))
+            .collect()
+    }
+
+    /// This lock's group in a batch script: its own keys through `last`, without the shard's.
+    pub(crate) fn group(&self, last: Key) -> Vec<String> {
+        Key::ALL[..last as usize]
+            .iter()
+            .filter(|role| !role.of_shard())
+            .map(|&role| self.key(role))
+            .collect()
+    }
+
+    /// The shard's event keys (events, seq), which a batch script takes once after the groups.
+    pub(crate) fn shard_events(&self) -> [String; 2] {
+        [self.key(Key::Events), self.key(Key::Seq)]
+    }
+}
+
+/// The ARGV of a script, in the canonical order (`lua/README.md`): the call (`ARGV[1..=5]`),
+/// the event arguments (`ARGV[6..=8]`), the side or kind (`ARGV[9]`), the script's own
+/// arguments, the fence argument last. Each section can only be added at its position.
+pub(crate) struct ScriptArgs(Vec<Value>);
+
+impl ScriptArgs {
+    /// Arguments of the call section.
+    const CALL: usize = 5;
+    /// Position of the side or kind.
+    const KIND: usize = 9;
+
+    /// The call of an acquisition: owner, lease ms, op id, waiter id, waiter lease ms (0 for a
+    /// try).
+    pub(crate) fn acquire(
+        owner: &str,
+        lease_ms: i64,
+        op: &str,
+        waiter: &str,
+        waiter_lease_ms: i64,
+    ) -> Self {
+        ScriptArgs(vec![
+            owner.into(),
+            lease_ms.into(),
+            op.into(),
+            waiter.into(),
+            waiter_lease_ms.into(),
+        ])
+    }
+
+    /// The call of a release: owner, token, op id, all flag, retry window ms.
+    pub(crate) fn release(owner: &str, token: u64, op: &str, all: bool, window_ms: i64) -> Self {
+        ScriptArgs(vec![
+            owner.into(),
+            token.to_string().into(),
+            op.into(),
+            if all { "1" } else { "0" }.into(),
+            window_ms.into(),
+        ])
+    }
+
+    /// A script without a call (force unlock): the call positions are passed empty.
+    pub(crate) fn no_call() -> Self {
+        ScriptArgs(vec![Value::from(""); Self::CALL])
+    }
+
+    /// `queue_leave`: only a waiter id, at the position of an acquisition's waiter id.
+    pub(crate) fn leave(waiter: &str) -> Self {
+        let mut args = Self::no_call();
+        args.0[3] = waiter.into();
+        args
+    }
+
+    /// The event arguments (mode, stream cap, lock id), right after the call.
+    pub(crate) fn events(mut self, events: Vec<Value>) -> Self {
+        debug_assert_eq!(
+            (self.0.len(), events.len()),
+            (Self::CALL, 3),
+            "event arguments"
+        );
+        self.0.extend(events);
+        self
+    }
+
+    /// The read-write side (`"read"`/`"write"`) or the queue kind (`"fair"`/`"rw"`), right
+    /// after the event arguments.
+    pub(crate) fn kind(mut self, kind: &'static str) -> Self {
+        debug_assert_eq!(self.0.len() + 1, Self::KIND, "side or kind");
+        self.0.push(kind.into());
+        self
+    }
+
+    /// The script's own arguments (and the fence argument, always last), after the sections.
+    pub(crate) fn extra(mut self, args: impl IntoIterator<Item = Value>) -> Self {
+        self.0.extend(args);
+        self
+    }
+
+    pub(crate) fn into_vec(self) -> Vec<Value> {
+        self.0
+    }
 }
 
 /// Reads a script reply that must be an array of integers.
@@ -160,6 +347,121 @@ mod tests {
                     assert!(source.contains(word), "{file}: header lacks {word}");
                 }
             }
+        }
+    }
+
+    /// Position of each KEYS role name a header may use (`lua/README.md`).
+    const KEY_NAMES: &[(&str, Key)] = &[
+        ("hold", Key::Hold),
+        ("marker", Key::Own),
+        ("bids", Key::Own),
+        ("readers", Key::Own),
+        ("fence", Key::Fence),
+        ("events", Key::Events),
+        ("seq", Key::Seq),
+        ("queue", Key::Queue),
+        ("alive", Key::Alive),
+        ("done", Key::Done),
+    ];
+
+    /// Position of each shared ARGV role (`lua/README.md`); other names are a script's own.
+    const ARG_NAMES: &[(&str, usize)] = &[
+        ("owner", 1),
+        ("lease", 2),
+        ("token", 2),
+        ("op", 3),
+        ("waiter", 4),
+        ("all", 4),
+        ("waiter-lease", 5),
+        ("window", 5),
+        ("mode", 6),
+        ("maxlen", 7),
+        ("lock-id", 8),
+        ("side", ScriptArgs::KIND),
+        ("kind", ScriptArgs::KIND),
+    ];
+
+    /// The `(position, role)` pairs a header documents as `<array>[<number>] <role>`; entries
+    /// with a computed index (`KEYS[2i]`) or a range (`ARGV[1..5]`) are skipped.
+    fn documented<'a>(header: &'a str, array: &str) -> Vec<(usize, &'a str)> {
+        let mut found = Vec::new();
+        let opening = format!("{array}[");
+        for (at, _) in header.match_indices(&opening) {
+            let rest = &header[at + opening.len()..];
+            let Some((index, tail)) = rest.split_once(']') else {
+                continue;
+            };
+            let Ok(position) = index.parse::<usize>() else {
+                continue;
+            };
+            let role = tail
+                .trim_start()
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .next()
+                .unwrap_or("");
+            found.push((position, role));
+        }
+        found
+    }
+
+    /// Every script header follows the canonical KEYS and ARGV order: a KEYS role at its
+    /// position and the keys a prefix of the order (no gap); the shared ARGV roles at their
+    /// positions and the fence argument last. Batch scripts have per-item groups (their own
+    /// ARGV layout); their fixed KEYS entries are checked all the same.
+    #[test]
+    fn every_script_header_follows_the_canonical_order() {
+        let libraries = ["check", "notify", "hold", "queue", "rw", "fair", "fence"];
+        for (file, source) in SOURCES {
+            if libraries.contains(file) {
+                continue;
+            }
+            let header: String = source
+                .lines()
+                .take_while(|line| line.starts_with("--"))
+                .map(|line| format!("{line}\n"))
+                .collect();
+            let batch = header.contains("A batch script");
+            let keys = documented(&header, "KEYS");
+            for &(position, role) in &keys {
+                let Some(&(_, key)) = KEY_NAMES.iter().find(|(name, _)| *name == role) else {
+                    panic!("{file}: KEYS[{position}] names no known role: {role:?}");
+                };
+                if !batch {
+                    assert_eq!(position, key as usize, "{file}: KEYS[{position}] {role}");
+                }
+            }
+            if !batch {
+                let mut positions: Vec<usize> =
+                    keys.iter().map(|&(position, _)| position).collect();
+                positions.sort_unstable();
+                positions.dedup();
+                let prefix: Vec<usize> = (1..=positions.len()).collect();
+                assert_eq!(positions, prefix, "{file}: KEYS not a prefix of the order");
+                let args = documented(&header, "ARGV");
+                for &(position, role) in &args {
+                    if let Some(&(_, canonical)) = ARG_NAMES.iter().find(|(name, _)| *name == role)
+                    {
+                        assert_eq!(position, canonical, "{file}: ARGV[{position}] {role}");
+                    }
+                }
+                let last = args.iter().map(|&(position, _)| position).max();
+                for &(position, role) in &args {
+                    if role == "fence" {
+                        assert_eq!(
+                            Some(position),
+                            last,
+                            "{file}: the fence argument is not last"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_key_order_has_one_position_per_role() {
+        for (at, key) in Key::ALL.iter().enumerate() {
+            assert_eq!(*key as usize, at + 1, "{key:?}");
         }
     }
 

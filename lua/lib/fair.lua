@@ -14,7 +14,7 @@
 -- have. The new owner's client extends it to the full lease a third into the grant (its
 -- watchdog, or a one-time top-up for a fixed lease), unless it released the lock before. If the grant event is lost, the head's next attempt (after
 -- a reconnect, a gap, or the heartbeat finding it unqueued) finds field r = its waiter id and
--- is answered "acquired" (fair_acquire.lua); if the head gave up meanwhile, fair_leave.lua
+-- is answered "acquired" (fair_acquire.lua); if the head gave up meanwhile, queue_leave.lua
 -- frees the hold it never took up.
 --
 -- fl_bid(lease, inbox, owner) -> the bid string a waiter records:

@@ -6,8 +6,8 @@
 -- only) a HASH `bids` mapping each waiter id to what it asks for (see fl_bid in lib/fair.lua), so
 -- that a release can hand the lock to the head directly (lib/fair.lua). Waiters' clients push
 -- the lease forward with batched heartbeats; a waiter whose lease has passed is dead and is
--- evicted when it reaches the head. The read-write lock never records bids (its scripts pass
--- nil; the shared scripts pass its never-written `bids` key). Every operation here is O(1) or
+-- evicted when it reaches the head. The read-write lock never records bids (its scripts, and
+-- the shared queue scripts for a lock of kind "rw", pass nil). Every operation here is O(1) or
 -- O(log n) except fl_leave (LREM, only on timeout or cancellation). Where these functions
 -- write the bids hash, they write it first: a script that has read the queue and the alive set
 -- (typed reads) needs no separate type check of the bids, since a foreign value there refuses

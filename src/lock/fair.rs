@@ -12,40 +12,32 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::types::Value;
-
 use crate::client::LockClient;
 use crate::engine::{Attempt, BoxFuture, Driver, Released};
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::lock::{acquire_reply, force_unlock_with, release_with, run_fenced_ints, QueueKeys};
+use crate::lock::{
+    acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_fenced_ints,
+};
 use crate::notify::WaitKind;
 use crate::owner::Owner;
-use crate::scripts::{Script, SCRIPTS};
+use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
+
+/// The fair lock's own key (`KEYS[2]` of its scripts): the waiters' bids.
+const OWN: &str = "bids";
 
 pub(crate) struct FairDriver {
     client: LockClient,
     keys: LockKeys,
-    queue: QueueKeys,
-    fence: String,
 }
 
 impl FairDriver {
     pub(crate) fn new(client: LockClient, keys: LockKeys) -> Self {
-        FairDriver {
-            queue: QueueKeys::new(&keys),
-            fence: keys.fence().to_owned(),
-            keys,
-            client,
-        }
+        FairDriver { keys, client }
     }
 
-    /// The keys of the scripts that free the lock and grant it to the head: hold, queue,
-    /// alive, events, seq, bids, fence.
-    fn granting(&self) -> Vec<String> {
-        let mut keys = self.queue.handoff(&self.keys);
-        keys.push(self.fence.clone());
-        keys
+    fn script_keys(&self) -> ScriptKeys<'_> {
+        ScriptKeys::new(&self.keys, OWN)
     }
 }
 
@@ -77,19 +69,25 @@ impl Driver for FairDriver {
             } else {
                 0
             };
-            let mut args: Vec<Value> = vec![
-                owner.id().into(),
-                (lease.as_millis() as i64).into(),
-                op.into(),
-                waiter.as_ref().into(),
-                waiter_lease.into(),
-            ];
-            args.extend(core.event_args(&self.keys));
-            args.push(core.inbox_tag.as_ref().into());
-            let mut keys = self.queue.handoff(&self.keys);
-            keys.insert(1, self.fence.clone()); // hold, fence, queue, alive, events, seq, bids
+            let args = ScriptArgs::acquire(
+                owner.id(),
+                lease.as_millis() as i64,
+                &op,
+                &waiter,
+                waiter_lease,
+            )
+            .events(core.event_args(&self.keys))
+            .extra([core.inbox_tag.as_ref().into()]);
+            let keys = self.script_keys().through(Key::Alive);
             let script: &Script = &SCRIPTS.fair_acquire;
-            let reply = run_fenced_ints(&self.client, script, self.keys.name(), keys, args).await?;
+            let reply = run_fenced_ints(
+                &self.client,
+                script,
+                self.keys.name(),
+                keys,
+                args.into_vec(),
+            )
+            .await?;
             acquire_reply(&self.client, script, &reply)
         })
     }
@@ -101,22 +99,21 @@ impl Driver for FairDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        let keys = self.granting();
+        let args = release_call(&self.client, owner, token, op, all)
+            .events(self.client.core().event_args(&self.keys))
+            .extra([self.client.core().layout.fence_arg(false)]);
+        let keys = self.script_keys().through(Key::Alive);
         Box::pin(release_with(
             &self.client,
             &self.keys,
             &SCRIPTS.fair_release,
             keys,
-            owner,
-            token,
-            op,
-            all,
-            vec![self.client.core().layout.fence_arg(false)],
+            args,
         ))
     }
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
-        let keys = self.granting();
+        let keys = self.script_keys().through(Key::Alive);
         Box::pin(force_unlock_with(
             &self.client,
             &self.keys,
@@ -126,14 +123,16 @@ impl Driver for FairDriver {
         ))
     }
 
-    fn wait_queue(&self) -> Option<(&'static Script, [String; 4])> {
-        self.queue.heartbeat()
+    fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
+        Some(self.script_keys())
     }
 
     fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
-        Some(
-            self.queue
-                .leave(self.client.clone(), self.keys.clone(), waiter),
-        )
+        Some(leave_queue(
+            self.client.clone(),
+            self.keys.clone(),
+            OWN,
+            waiter,
+        ))
     }
 }

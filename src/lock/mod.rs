@@ -25,7 +25,7 @@ use crate::keys::LockKeys;
 use crate::lease::{clamp_ttl, Lease};
 use crate::lock::guard::LockGuard;
 use crate::owner::Owner;
-use crate::scripts::{int_array, Script, SCRIPTS};
+use crate::scripts::{int_array, Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// What every lock handle carries: the driver, an optional fixed owner and an optional lease.
 #[derive(Clone)]
@@ -171,44 +171,32 @@ pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> 
     }
 }
 
-/// The ARGV head of every release script: owner, token, op id, all flag, tombstone ttl.
-pub(crate) fn release_args(
+/// The call section of every release script (`ARGV[1..=5]`): owner, token, op id, all flag,
+/// retry window (the tombstone ttl).
+pub(crate) fn release_call(
     client: &LockClient,
     owner: &Owner,
     token: u64,
     op: &str,
     all: bool,
-) -> Vec<Value> {
-    vec![
-        owner.id().into(),
-        token.to_string().into(),
-        op.into(),
-        if all { "1" } else { "0" }.into(),
-        (client.core().tombstone_ttl().as_millis() as i64).into(),
-    ]
+) -> ScriptArgs {
+    let window = client.core().tombstone_ttl().as_millis() as i64;
+    ScriptArgs::release(owner.id(), token, op, all, window)
 }
 
-/// Runs a release script (ARGV: [`release_args`], the event arguments, then `extra`).
-#[allow(clippy::too_many_arguments)]
+/// Runs a release script and decodes its reply.
 pub(crate) async fn release_with(
     client: &LockClient,
     keys: &LockKeys,
     script: &Script,
     script_keys: Vec<String>,
-    owner: &Owner,
-    token: u64,
-    op: &str,
-    all: bool,
-    extra: Vec<Value>,
+    args: ScriptArgs,
 ) -> Result<Released> {
-    let mut args = release_args(client, owner, token, op, all);
-    args.extend(client.core().event_args(keys));
-    args.extend(extra);
-    let reply = run_ints(client, script, keys.name(), script_keys, args).await?;
+    let reply = run_ints(client, script, keys.name(), script_keys, args.into_vec()).await?;
     release_reply(script, &reply)
 }
 
-/// Runs a force-unlock script (ARGV: the event arguments, then `extra`).
+/// Runs a force-unlock script (ARGV: no call, the event arguments, then `extra`).
 pub(crate) async fn force_unlock_with(
     client: &LockClient,
     keys: &LockKeys,
@@ -216,75 +204,39 @@ pub(crate) async fn force_unlock_with(
     script_keys: Vec<String>,
     extra: Vec<Value>,
 ) -> Result<bool> {
-    let mut args = client.core().event_args(keys);
-    args.extend(extra);
-    let reply = run_ints(client, script, keys.name(), script_keys, args).await?;
+    let args = ScriptArgs::no_call()
+        .events(client.core().event_args(keys))
+        .extra(extra);
+    let reply = run_ints(client, script, keys.name(), script_keys, args.into_vec()).await?;
     flag_reply(script, &reply)
 }
 
-/// The keys of a lock that queues its waiters in Redis (fair lock, read-write lock).
-pub(crate) struct QueueKeys {
-    pub(crate) hold: String,
-    pub(crate) queue: String,
-    pub(crate) alive: String,
-    /// The fair lock's bids (`lua/lib/fair.lua`); never written for a read-write lock.
-    pub(crate) bids: String,
-}
-
-impl QueueKeys {
-    pub(crate) fn new(keys: &LockKeys) -> Self {
-        QueueKeys {
-            hold: keys.key(""),
-            queue: keys.key("queue"),
-            alive: keys.key("alive"),
-            bids: keys.key("bids"),
-        }
-    }
-
-    /// The heartbeat script and its per-lock keys (see [`Driver::wait_queue`]).
-    pub(crate) fn heartbeat(&self) -> Option<(&'static Script, [String; 4])> {
-        Some((
-            &SCRIPTS.fair_heartbeat,
-            [
-                self.hold.clone(),
-                self.queue.clone(),
-                self.alive.clone(),
-                self.bids.clone(),
-            ],
-        ))
-    }
-
-    /// hold, queue, alive, events, seq, bids: the keys of every script that may hand the turn
-    /// on.
-    pub(crate) fn handoff(&self, keys: &LockKeys) -> Vec<String> {
-        vec![
-            self.hold.clone(),
-            self.queue.clone(),
-            self.alive.clone(),
-            keys.events().to_owned(),
-            keys.seq().to_owned(),
-            self.bids.clone(),
-        ]
-    }
-
-    /// Leaves the queue (`lua/fair_leave.lua`), handing the turn on if the waiter was head.
-    pub(crate) fn leave(
-        &self,
-        client: LockClient,
-        keys: LockKeys,
-        waiter: Arc<str>,
-    ) -> BoxFuture<'static, Result<()>> {
-        let script_keys = self.handoff(&keys);
-        Box::pin(async move {
-            let mut args: Vec<Value> = vec![waiter.as_ref().into()];
-            args.extend(client.core().event_args(&keys));
-            let script = &SCRIPTS.fair_leave;
-            let reply = run_ints(&client, script, keys.name(), script_keys, args).await?;
-            let left = flag_reply(script, &reply)?;
-            tracing::debug!(lock = keys.name(), left, "left the wait queue");
-            Ok(())
-        })
-    }
+/// Leaves the Redis wait queue of a fair or read-write lock (`lua/queue_leave.lua`), handing
+/// the turn on if the waiter was head.
+pub(crate) fn leave_queue(
+    client: LockClient,
+    keys: LockKeys,
+    own: &'static str,
+    waiter: Arc<str>,
+) -> BoxFuture<'static, Result<()>> {
+    Box::pin(async move {
+        let script_keys = ScriptKeys::new(&keys, own);
+        let args = ScriptArgs::leave(&waiter)
+            .events(client.core().event_args(&keys))
+            .kind(script_keys.kind());
+        let script = &SCRIPTS.queue_leave;
+        let reply = run_ints(
+            &client,
+            script,
+            keys.name(),
+            script_keys.through(Key::Alive),
+            args.into_vec(),
+        )
+        .await?;
+        let left = flag_reply(script, &reply)?;
+        tracing::debug!(lock = keys.name(), left, "left the wait queue");
+        Ok(())
+    })
 }
 
 /// Decodes `{1}` / `{0}` (force unlock scripts).

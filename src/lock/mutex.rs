@@ -15,11 +15,12 @@ use crate::lease::Lease;
 use crate::lock::fair::FairDriver;
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
-    acquire_reply, force_unlock_with, inspect, release_with, run_fenced_ints, Acquirer, LockState,
+    acquire_reply, force_unlock_with, inspect, release_call, release_with, run_fenced_ints,
+    Acquirer, LockState,
 };
 use crate::notify::{Bid, WaitKind};
 use crate::owner::Owner;
-use crate::scripts::SCRIPTS;
+use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// An exclusive, reentrant distributed lock (Redisson's `RLock`), made by
 /// [`LockClient::mutex`]: *barging*. For strict FIFO across processes use [`FairMutex`]; a
@@ -253,30 +254,14 @@ pub(crate) struct MutexDriver {
     keys: LockKeys,
 }
 
-impl MutexDriver {
-    fn hold(&self) -> String {
-        self.keys.key("")
-    }
-
-    fn fence(&self) -> String {
-        self.keys.fence().to_owned()
-    }
-
-    fn waiters(&self) -> String {
-        self.keys.key("wait")
-    }
-
-    fn event_keys(&self) -> Vec<String> {
-        vec![
-            self.hold(),
-            self.waiters(),
-            self.keys.events().to_owned(),
-            self.keys.seq().to_owned(),
-        ]
-    }
-}
+/// The barging mutex's own key (`KEYS[2]` of its scripts): the waiter marker.
+const OWN: &str = "wait";
 
 impl MutexDriver {
+    fn script_keys(&self) -> ScriptKeys<'_> {
+        ScriptKeys::new(&self.keys, OWN)
+    }
+
     /// `lua/mutex_release.lua`, handing the lock to `successor` if it frees it.
     async fn release_script(
         &self,
@@ -286,29 +271,25 @@ impl MutexDriver {
         all: bool,
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
-        let mut keys = self.event_keys();
-        keys.push(self.fence());
-        let mut extra: Vec<Value> = match successor {
-            Some((waiter, bid)) => vec![
+        let successor: [Value; 4] = match successor {
+            Some((waiter, bid)) => [
                 bid.owner.id().into(),
                 waiter.into(),
                 (bid.lease.as_millis() as i64).into(),
                 i64::from(self.client.config().handover_streak).into(),
             ],
-            None => vec!["".into(), "".into(), 0.into(), 0.into()],
+            None => ["".into(), "".into(), 0.into(), 0.into()],
         };
-        extra.push(self.client.core().layout.fence_arg(false));
-        let script = &SCRIPTS.mutex_release;
+        let args = release_call(&self.client, owner, token, op, all)
+            .events(self.client.core().event_args(&self.keys))
+            .extra(successor)
+            .extra([self.client.core().layout.fence_arg(false)]);
         release_with(
             &self.client,
             &self.keys,
-            script,
-            keys,
-            owner,
-            token,
-            op,
-            all,
-            extra,
+            &SCRIPTS.mutex_release,
+            self.script_keys().through(Key::Seq),
+            args,
         )
         .await
     }
@@ -341,19 +322,20 @@ impl Driver for MutexDriver {
             let local = self.client.waiters().waiting_on(self.keys.id());
             let others = local > usize::from(waiting);
             let script = &SCRIPTS.mutex_acquire;
+            let args = ScriptArgs::acquire(
+                owner.id(),
+                lease.as_millis() as i64,
+                &op,
+                if waiting { waiter.as_ref() } else { "" },
+                if waiting { grace } else { 0 },
+            )
+            .extra([if others { "1" } else { "0" }.into()]);
             let reply = run_fenced_ints(
                 &self.client,
                 script,
                 self.keys.name(),
-                vec![self.hold(), self.fence(), self.waiters()],
-                vec![
-                    owner.id().into(),
-                    (lease.as_millis() as i64).into(),
-                    op.into(),
-                    if waiting { grace } else { 0 }.into(),
-                    if others { "1" } else { "0" }.into(),
-                    if waiting { waiter.as_ref() } else { "" }.into(),
-                ],
+                self.script_keys().through(Key::Fence),
+                args.into_vec(),
             )
             .await?;
             acquire_reply(&self.client, script, &reply)
@@ -389,7 +371,7 @@ impl Driver for MutexDriver {
             &self.client,
             &self.keys,
             &SCRIPTS.mutex_force_unlock,
-            self.event_keys(),
+            self.script_keys().through(Key::Seq),
             vec![],
         ))
     }

@@ -17,11 +17,12 @@ use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
-    acquire_reply, force_unlock_with, release_with, run_fenced_ints, run_ints, Acquirer, QueueKeys,
+    acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_fenced_ints,
+    run_ints, Acquirer,
 };
 use crate::notify::WaitKind;
 use crate::owner::Owner;
-use crate::scripts::{Script, SCRIPTS};
+use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// A distributed read-write lock (Redisson's `RReadWriteLock`, done with fair hand-offs).
 ///
@@ -206,28 +207,23 @@ impl Mode {
     }
 }
 
+/// The read-write lock's own key (`KEYS[2]` of its scripts): the readers.
+const OWN: &str = "readers";
+
 /// One side (read or write) of a read-write lock.
 pub(crate) struct RwDriver {
     client: LockClient,
     keys: LockKeys,
     mode: Mode,
-    queue: QueueKeys,
-    readers: String,
-    fence: String,
-    done: String,
 }
 
 impl RwDriver {
     fn new(client: LockClient, keys: LockKeys, mode: Mode) -> Self {
-        RwDriver {
-            queue: QueueKeys::new(&keys),
-            readers: keys.key("readers"),
-            fence: keys.fence().to_owned(),
-            done: keys.key("done"),
-            keys,
-            client,
-            mode,
-        }
+        RwDriver { keys, client, mode }
+    }
+
+    fn script_keys(&self) -> ScriptKeys<'_> {
+        ScriptKeys::new(&self.keys, OWN)
     }
 
     fn retry_window_ms(&self) -> i64 {
@@ -276,24 +272,27 @@ impl Driver for RwDriver {
             } else {
                 0
             };
-            let keys = vec![
-                self.queue.hold.clone(),
-                self.readers.clone(),
-                self.fence.clone(),
-                self.queue.queue.clone(),
-                self.queue.alive.clone(),
-            ];
-            let args: Vec<Value> = vec![
-                owner.id().into(),
-                (lease.as_millis() as i64).into(),
-                op.into(),
-                waiter.as_ref().into(),
-                waiter_lease.into(),
-                self.mode.as_str().into(),
-                self.retry_window_ms().into(),
-            ];
+            // The event arguments are unused by rw_acquire; they keep the side at ARGV[9].
+            let args = ScriptArgs::acquire(
+                owner.id(),
+                lease.as_millis() as i64,
+                &op,
+                &waiter,
+                waiter_lease,
+            )
+            .events(self.client.core().event_args(&self.keys))
+            .kind(self.mode.as_str())
+            .extra([self.retry_window_ms().into()]);
+            let keys = self.script_keys().through(Key::Alive);
             let script = &SCRIPTS.rw_acquire;
-            let reply = run_fenced_ints(&self.client, script, self.keys.name(), keys, args).await?;
+            let reply = run_fenced_ints(
+                &self.client,
+                script,
+                self.keys.name(),
+                keys,
+                args.into_vec(),
+            )
+            .await?;
             if reply.first() == Some(&-2) {
                 return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
             }
@@ -308,37 +307,21 @@ impl Driver for RwDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        let keys = vec![
-            self.queue.hold.clone(),
-            self.readers.clone(),
-            self.done.clone(),
-            self.queue.queue.clone(),
-            self.queue.alive.clone(),
-            self.keys.events().to_owned(),
-            self.keys.seq().to_owned(),
-        ];
+        let args = release_call(&self.client, owner, token, op, all)
+            .events(self.client.core().event_args(&self.keys))
+            .kind(self.mode.as_str());
+        let keys = self.script_keys().through(Key::Done);
         Box::pin(release_with(
             &self.client,
             &self.keys,
             &SCRIPTS.rw_release,
             keys,
-            owner,
-            token,
-            op,
-            all,
-            vec![self.mode.as_str().into()],
+            args,
         ))
     }
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
-        let keys = vec![
-            self.queue.hold.clone(),
-            self.readers.clone(),
-            self.queue.queue.clone(),
-            self.keys.events().to_owned(),
-            self.keys.seq().to_owned(),
-            self.queue.alive.clone(),
-        ];
+        let keys = self.script_keys().through(Key::Alive);
         Box::pin(force_unlock_with(
             &self.client,
             &self.keys,
@@ -353,7 +336,7 @@ impl Driver for RwDriver {
     }
 
     fn renew_keys(&self) -> Vec<String> {
-        vec![self.queue.hold.clone(), self.readers.clone()]
+        self.script_keys().group(Key::Own)
     }
 
     fn renew_args(&self, owner: &Owner, token: u64) -> Vec<Value> {
@@ -364,14 +347,16 @@ impl Driver for RwDriver {
         ]
     }
 
-    fn wait_queue(&self) -> Option<(&'static Script, [String; 4])> {
-        self.queue.heartbeat()
+    fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
+        Some(self.script_keys())
     }
 
     fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
-        Some(
-            self.queue
-                .leave(self.client.clone(), self.keys.clone(), waiter),
-        )
+        Some(leave_queue(
+            self.client.clone(),
+            self.keys.clone(),
+            OWN,
+            waiter,
+        ))
     }
 }

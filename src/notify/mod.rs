@@ -16,7 +16,7 @@
 //! bounded by the remaining lease the attempt reported, so even an event that never comes
 //! costs at most one lease. A woken waiter that is dropped before it could try passes its
 //! wakeup on to the next one, unless a `chain` event woke it: every other reader that may go
-//! was woken by the same event, and leaving the Redis queue (`fair_leave.lua`) announces the
+//! was woken by the same event, and leaving the Redis queue (`queue_leave.lua`) announces the
 //! new head if the leaver was the head.
 //!
 //! ## What lives where
