@@ -89,3 +89,17 @@ pub fn info_field(server: &RedisServer, section: &str, field: &str) -> String {
         .trim()
         .to_owned()
 }
+
+/// The type, value and TTL of `key`, to compare before and after.
+pub fn snapshot(server: &RedisServer, key: &str) -> Resp {
+    let kind = server.cmd(&["TYPE", key]);
+    let value = match kind.as_str().as_deref() {
+        Some("string") => server.cmd(&["GET", key]),
+        Some("list") => server.cmd(&["LRANGE", key, "0", "-1"]),
+        Some("hash") => server.cmd(&["HGETALL", key]),
+        Some("set") => server.cmd(&["SMEMBERS", key]),
+        _ => Resp::Bulk(None),
+    };
+    let ttl = server.cmd(&["PTTL", key]);
+    Resp::Array(Some(vec![kind, value, ttl]))
+}

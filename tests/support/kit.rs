@@ -66,9 +66,9 @@ pub fn config(target: &(impl Target + ?Sized), prefix: &str, mode: NotificationM
     config
 }
 
-/// The configuration of the failure tests (input, connection, foreign values, server faults,
-/// release and shutdown): [`config`] with `shards` shards and 5 s connect and command timeouts.
-pub fn failure_config(
+/// [`config`] with `shards` shards and 5 s connect and command timeouts (the defaults today,
+/// stated so that the tests that rely on them do not change with the defaults).
+pub fn sharded_config(
     target: &(impl Target + ?Sized),
     prefix: &str,
     mode: NotificationMode,
@@ -141,4 +141,20 @@ pub fn shown(err: &Error) -> String {
     assert!(!text.is_empty(), "empty Display for {err:?}");
     assert!(!format!("{err:?}").is_empty());
     text
+}
+
+/// A TCP listener that accepts connections and never answers (nor closes them): its port, and
+/// the task to abort when done.
+pub async fn blackhole() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind blackhole");
+    let port = listener.local_addr().expect("addr").port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (port, task)
 }

@@ -13,6 +13,7 @@
 //!   of the current test binary as a separate OS process.
 //! * `kit`: the test kit — [`MODES`], [`HANG`], the [`config`] builder, [`bounded`],
 //!   [`eventually`] / [`eventually_async`], [`connect`] and [`shown`].
+//! * `handoff`: [`mutex_handoff`] / [`rwlock_handoff`], a lock run through every operation.
 //! * `keys`: the documented key layout ([`mutex_keys`], [`layout_key`], …) and reads of keys.
 //! * [`cluster`] and [`sentinel`]: a Redis Cluster and a Sentinel deployment on loopback.
 //! * [`init_tracing`]: opt-in log output controlled by `RUST_LOG`; [`composed`]: a script as
@@ -23,6 +24,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+mod handoff;
 mod keys;
 mod kit;
 mod resp;
@@ -31,6 +33,8 @@ mod server;
 mod worker;
 
 // Each binary that includes the harness uses a part of it.
+#[allow(unused_imports)]
+pub use handoff::*;
 #[allow(unused_imports)]
 pub use keys::*;
 #[allow(unused_imports)]
