@@ -39,7 +39,8 @@ use std::time::Duration;
 use fred::interfaces::{ClientLike, KeysInterface, LuaInterface};
 use fredlock::{Error, LockClient, LostCause, NotificationMode};
 use support::{
-    bounded, connect, mutex_handoff, rwlock_handoff, sharded_config, RedisServer, Resp, MODES,
+    bounded, connect, mutex_handoff, rwlock_handoff, sharded_config, shutdown, RedisServer, Resp,
+    MODES,
 };
 
 /// Commands (ACL names, lower case) a least-privilege user needs; see the module docs.
@@ -242,13 +243,9 @@ async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
         let kept = bounded("lock", holder.mutex("acl-kept").expect("m").lock())
             .await
             .expect("lock");
-        bounded("shutdown", holder.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&holder).await;
         assert_eq!(kept.lost_cause(), Some(LostCause::Shutdown));
-        bounded("shutdown", waiter.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&waiter).await;
         let log = acl_log(&server);
         assert!(log.is_empty(), "{mode:?}: permission failures: {log:#?}");
         assert!(!server.keys(&format!("{{{prefix}:*")).is_empty());
@@ -359,9 +356,7 @@ async fn acl_refuses_other_prefixes_and_keys() {
         .await
         .expect("a strange name still works within the prefix");
     drop(guard);
-    bounded("shutdown", locks.shutdown())
-        .await
-        .expect("shutdown");
+    shutdown(&locks).await;
     let outside: Vec<String> = server
         .keys("*")
         .into_iter()

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fredlock::{Config, Error, LockClient, NotificationMode};
 use support::{
-    blackhole, bounded, connect, exists, hold_owner, mutex_keys, sharded_config, shown,
+    blackhole, bounded, connect, exists, hold_owner, mutex_keys, sharded_config, shown, shutdown,
     RedisServer, Resp, MODES,
 };
 
@@ -141,9 +141,7 @@ async fn wrong_password_is_an_auth_error() {
             Some(guard.owner().id())
         );
         bounded("unlock", guard.unlock()).await.expect("unlock");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
     }
 }
 
@@ -199,7 +197,5 @@ async fn wrong_database_index_is_a_typed_error() {
     );
     assert!(!exists(&server, &keys.hold), "db 0 must stay empty");
     bounded("unlock", guard.unlock()).await.expect("unlock");
-    bounded("shutdown", locks.shutdown())
-        .await
-        .expect("shutdown");
+    shutdown(&locks).await;
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fredlock::{Error, LockClient, LockGuard};
 use support::{
     bounded, connect, exists, fence_value, init_tracing, mutex_keys, sharded_config, shown,
-    snapshot, RedisServer, Resp, MODES,
+    shutdown, snapshot, RedisServer, Resp, MODES,
 };
 
 // ---------------------------------------------------------------------------
@@ -143,9 +143,7 @@ async fn foreign_values_at_hold_or_fence_key_give_wrong_type() {
         let guard = bounded("lock", fine.lock()).await.expect("lock");
         assert!(bounded("state", fine.state()).await.expect("state").locked);
         bounded("unlock", guard.unlock()).await.expect("unlock");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
     }
 }
 
@@ -198,9 +196,7 @@ async fn non_numeric_fence_value_is_a_typed_error_and_left_alone() {
         let guard = bounded("lock", mutex.lock()).await.expect("lock again");
         assert!(guard.fencing_token() > token, "{mode:?}: token went back");
         bounded("unlock", guard.unlock()).await.expect("unlock");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
     }
 }
 
@@ -225,9 +221,7 @@ async fn hold_key_clobbered_while_held_gives_wrong_type_on_unlock() {
         server.cmd(&["DEL", &keys.hold]);
         let guard = bounded("lock", mutex.lock()).await.expect("lock again");
         bounded("unlock", guard.unlock()).await.expect("unlock");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
     }
 }
 
@@ -262,9 +256,7 @@ async fn foreign_value_at_wait_key_gives_wrong_type() {
             "{mode:?}: release deleted the foreign value ({released:?})"
         );
         server.cmd(&["DEL", &keys.wait]);
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
     }
 }
 

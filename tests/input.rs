@@ -14,7 +14,7 @@ use fredlock::{
 };
 use support::{
     blackhole, bounded, connect, eventually, exists, fence_value, hold_owner, init_tracing,
-    is_client_marker, layout_key, mutex_keys, sharded_config, shown, RedisServer, MODES,
+    is_client_marker, layout_key, mutex_keys, sharded_config, shown, shutdown, RedisServer, MODES,
 };
 
 // ---------------------------------------------------------------------------
@@ -137,9 +137,7 @@ async fn invalid_names_leases_and_timeouts_are_typed_errors() {
         keys.iter().filter(|k| is_client_marker(prefix, k)).count() <= 1,
         "one client, at most one marker: {keys:?}"
     );
-    bounded("shutdown", locks.shutdown())
-        .await
-        .expect("shutdown");
+    shutdown(&locks).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -250,12 +248,8 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
             let state = bounded("state", mutex.state()).await.expect("state");
             assert!(!state.locked, "{mode:?} {name:?}: {state:?}");
         }
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
-        bounded("shutdown", rival.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
+        shutdown(&rival).await;
     }
 }
 

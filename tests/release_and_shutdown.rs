@@ -9,7 +9,7 @@ use std::time::Duration;
 use fredlock::{Error, Lease, LockClient, LostCause, NotHeldReason, NotificationMode, Owner};
 use support::{
     bounded, connect, eventually, exists, hold_fields, hold_owner, mutex_keys, sharded_config,
-    shown, RedisServer, HANG, MODES,
+    shown, shutdown, RedisServer, HANG, MODES,
 };
 
 // ---------------------------------------------------------------------------
@@ -189,12 +189,8 @@ async fn releasing_a_lost_hold_is_typed_and_leaves_the_new_holder_alone() {
         );
         bounded("unlock", thief.unlock()).await.expect("unlock");
 
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
-        bounded("shutdown", rival.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
+        shutdown(&rival).await;
     }
 }
 
@@ -232,9 +228,7 @@ async fn shutdown_fails_waiters_and_releases_holds() {
         });
         eventually("two waiters", || locks.stats().waiting == 2).await;
 
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
 
         let a = bounded("waiter a", waiter_a).await.expect("join");
         assert!(matches!(a, Err(Error::Shutdown)), "{mode:?}: {a:?}");
@@ -306,9 +300,7 @@ async fn shutdown_fails_waiters_and_releases_holds() {
             .await
             .expect("lock");
         bounded("unlock", g.unlock()).await.expect("unlock");
-        bounded("shutdown", other.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&other).await;
     }
 }
 
@@ -331,9 +323,7 @@ async fn operations_after_shutdown_fail_with_shutdown() {
         let extended = bounded("lock", locks.mutex("after-2").expect("m").lock())
             .await
             .expect("lock");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
         let keys = mutex_keys(&prefix, 1, "after");
         assert_eq!(
             hold_owner(&server, &keys.hold),

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use std::time::Duration;
 
 use fredlock::{Error, Lease, LockClient, LostCause, Owner};
-use support::{bounded, connect, eventually, sharded_config, RedisServer, MODES};
+use support::{bounded, connect, eventually, sharded_config, shutdown, RedisServer, MODES};
 
 /// The hold hash of lock `name` of `kind` ("mutex", "fair", "rw") under `prefix`, via SCAN.
 fn hold_key(server: &RedisServer, prefix: &str, kind: &str, name: &str) -> String {
@@ -159,9 +159,7 @@ async fn a_hold_is_entered_only_with_its_owner_token() {
         bounded("A learns", write.lost()).await;
         drop((write, nested));
         bounded("unlock B", taken.unlock()).await.expect("unlock B");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
     }
 }
 
@@ -252,9 +250,7 @@ async fn passwords_never_reach_logs_or_debug_output() {
             source = cause.source();
         }
         // An error from a closed client.
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
         let closed = bounded("after shutdown", mutex.lock())
             .await
             .expect_err("closed");
@@ -471,9 +467,7 @@ mod tls {
             mutex_handoff(&fair(&holder), &fair(&waiter), &waiter).await;
 
             for client in [&holder, &waiter] {
-                bounded("shutdown", client.shutdown())
-                    .await
-                    .expect("shutdown");
+                shutdown(&client).await;
                 let _ = client.redis().quit().await;
             }
         }

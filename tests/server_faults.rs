@@ -9,7 +9,7 @@ use std::time::Duration;
 use fredlock::{Error, Lease, LockClient, NotificationMode, Owner};
 use support::{
     bounded, connect, eventually, exists, fence_value, hold_fields, hold_owner, info_field,
-    mutex_keys, sharded_config, shown, snapshot, RedisServer, Resp, MODES,
+    mutex_keys, sharded_config, shown, shutdown, snapshot, RedisServer, Resp, MODES,
 };
 
 // ---------------------------------------------------------------------------
@@ -126,12 +126,8 @@ async fn script_flush_is_transparent() {
         assert!(next.fencing_token() > held_token);
         assert_eq!(server.cmd(&["SCRIPT", "FLUSH"]), Resp::Simple("OK".into()));
         bounded("unlock", next.unlock()).await.expect("unlock");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
-        bounded("shutdown", other.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
+        shutdown(&other).await;
     }
 }
 
@@ -377,12 +373,8 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
             .expect("unlock");
         let g = bounded("lock busy", other_busy.lock()).await.expect("lock");
         bounded("unlock", g.unlock()).await.expect("unlock");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
-        bounded("shutdown", rival.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
+        shutdown(&rival).await;
     }
 }
 

@@ -158,3 +158,10 @@ pub async fn blackhole() -> (u16, tokio::task::JoinHandle<()>) {
     });
     (port, task)
 }
+
+/// Shuts `client` down; panics if that fails or hangs.
+pub async fn shutdown(client: &LockClient) {
+    bounded("shutdown", client.shutdown())
+        .await
+        .expect("shutdown");
+}
