@@ -313,7 +313,7 @@ async fn run_mode(
     samples.sort_unstable();
     println!(
         "  {:<7} {} rounds in {:.1} s",
-        mode_name(mode),
+        mode.as_str(),
         args.rounds,
         elapsed.as_secs_f64()
     );
@@ -337,10 +337,6 @@ fn enter(inside: &AtomicUsize, round: usize) -> AnyResult<()> {
     Ok(())
 }
 
-fn mode_name(mode: NotificationMode) -> &'static str {
-    mode.as_str()
-}
-
 fn print_table(results: &[ModeResult], ping: &Ping, lock_clients: usize) {
     let cell = |micros: u64| format!("{micros} ({:.1}×)", micros as f64 / ping.idle as f64);
     println!();
@@ -362,7 +358,7 @@ fn print_table(results: &[ModeResult], ping: &Ping, lock_clients: usize) {
         };
         println!(
             "{:<7} | {:>7} | {:>16} | {:>16} | {:>16} | {:>16} | {:>8} | {:>11}",
-            mode_name(r.mode),
+            r.mode.as_str(),
             h.len(),
             cell(h.value_at_quantile(0.50)),
             cell(h.value_at_quantile(0.90)),
@@ -376,7 +372,7 @@ fn print_table(results: &[ModeResult], ping: &Ping, lock_clients: usize) {
         println!(
             "{}: the holder's unlock() call itself took p50 {} µs; the rest is event delivery, \
              waking the task and its acquire script",
-            mode_name(r.mode),
+            r.mode.as_str(),
             r.unlock.value_at_quantile(0.5)
         );
     }
@@ -385,7 +381,7 @@ fn print_table(results: &[ModeResult], ping: &Ping, lock_clients: usize) {
             println!(
                 "{}: {} connections more for {lock_clients} LockClients \
                  (2 each: commands + notifier) while {} tasks waited",
-                mode_name(r.mode),
+                r.mode.as_str(),
                 after.saturating_sub(before),
                 lock_clients - 1,
             );
@@ -399,7 +395,7 @@ fn to_json(results: &[ModeResult], ping: &Ping, args: &Args) -> serde_json::Valu
         .map(|r| {
             let h = &r.histogram;
             serde_json::json!({
-                "mode": mode_name(r.mode),
+                "mode": r.mode.as_str(),
                 "samples": h.len(),
                 "p50_us": h.value_at_quantile(0.50),
                 "p90_us": h.value_at_quantile(0.90),
@@ -479,7 +475,7 @@ fn plot(path: &str, results: &[ModeResult], ping: &Ping) -> AnyResult<()> {
             .map_err(|e| e.to_string())?
             .label(format!(
                 "{} (p50 {} µs)",
-                mode_name(r.mode),
+                r.mode.as_str(),
                 r.histogram.value_at_quantile(0.5)
             ))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));

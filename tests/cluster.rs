@@ -9,24 +9,13 @@ use std::time::Duration;
 
 use fredlock::{Config, Error, Lease, LockClient, Mutex, NotificationMode};
 use support::cluster::RedisCluster;
-use support::init_tracing;
+use support::{init_tracing, MODES};
 
 /// Bound that only turns a hang into a failure; never a performance claim.
 const HANG: Duration = Duration::from_secs(60);
 
-const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
-
 fn config(cluster: &RedisCluster, mode: NotificationMode, prefix: &str) -> Config {
-    let mut config = Config::new(cluster.url());
-    config.notification = mode;
-    config.key_prefix = format!(
-        "{prefix}-{}",
-        if mode == NotificationMode::Stream {
-            "stream"
-        } else {
-            "pubsub"
-        }
-    );
+    let mut config = support::config(cluster, &format!("{prefix}-{}", mode.as_str()), mode);
     config.shards = 6;
     config.watchdog_lease = Duration::from_secs(3);
     config

@@ -20,29 +20,19 @@ use std::time::Duration;
 
 use fredlock::{Config, Error, Lease, LockClient, LockGuard, LostCause, NotificationMode};
 use support::sentinel::SentinelSetup;
-use support::{init_tracing, RedisServer};
+use support::{init_tracing, RedisServer, MODES};
 use tokio::time::{timeout, Instant};
 
 /// Turns a hang into a failure.
 const HANG: Duration = Duration::from_secs(60);
 /// Leases far longer than [`HANG`]: a hold reported lost within `HANG` was not lost by expiry.
 const LONG: Duration = Duration::from_secs(600);
-const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
 
 fn config(server: &RedisServer, prefix: &str, mode: NotificationMode) -> Config {
-    let mut config = Config::new(server.url());
-    config.key_prefix = format!("{prefix}-{}", mode_name(mode));
-    config.notification = mode;
+    let mut config = support::config(server, &format!("{prefix}-{}", mode.as_str()), mode);
     config.watchdog_lease = LONG;
     config.command_timeout = Duration::from_secs(3);
     config
-}
-
-fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        _ => "pubsub",
-    }
 }
 
 /// One exclusive hold of each lock type on `name`, with a fixed and a watchdog lease.

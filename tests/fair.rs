@@ -11,32 +11,11 @@ use support::{
     emit_result, init_tracing, is_worker, spawn_worker_handle, worker_param, RedisServer, Resp,
     RespConn,
 };
-
-/// Bound that only turns a hang into a failure; never a performance claim.
-const HANG: Duration = Duration::from_secs(30);
-
-const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
-
-fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        _ => "pubsub",
-    }
-}
-
-fn parse_mode(name: &str) -> NotificationMode {
-    if name == "stream" {
-        NotificationMode::Stream
-    } else {
-        NotificationMode::PubSub
-    }
-}
+use support::{eventually, parse_mode, HANG, MODES};
 
 /// One shard, so the test can name the keys: `{prefix:0}:fair.queue:<name>` etc.
 fn config(url: &str, mode: NotificationMode, prefix: &str, waiter_lease: Duration) -> Config {
-    let mut config = Config::new(url);
-    config.notification = mode;
-    config.key_prefix = prefix.to_owned();
+    let mut config = support::config(url, prefix, mode);
     config.shards = 1;
     config.waiter_lease = waiter_lease;
     config
@@ -71,7 +50,7 @@ fn worker_env(
     vec![
         ("FAIR_URL", server.url()),
         ("FAIR_PORT", server.port().to_string()),
-        ("FAIR_MODE", mode_name(mode).to_owned()),
+        ("FAIR_MODE", mode.as_str().to_owned()),
         ("FAIR_PREFIX", prefix.to_owned()),
         ("FAIR_ROLE", role.to_owned()),
     ]
@@ -223,7 +202,7 @@ fn twelve_waiters_in_three_processes_acquire_in_arrival_order() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("fifo-{}", mode_name(mode));
+        let prefix = format!("fifo-{}", mode.as_str());
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let locks = runtime
             .block_on(LockClient::connect(config(
@@ -301,7 +280,7 @@ fn a_killed_waiter_at_the_head_is_evicted_and_the_next_one_proceeds() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("dead-{}", mode_name(mode));
+        let prefix = format!("dead-{}", mode.as_str());
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let lease = Duration::from_millis(900);
         let locks = runtime
@@ -345,7 +324,7 @@ async fn a_head_that_gives_up_passes_the_turn_without_waiting_for_a_lease() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("leave-{}", mode_name(mode));
+        let prefix = format!("leave-{}", mode.as_str());
         // Waiter leases and the holder's lease are far longer than the bound below, so only
         // the hand-off on leaving can let the second waiter in.
         let cfg = config(&server.url(), mode, &prefix, Duration::from_secs(120));
@@ -401,7 +380,7 @@ async fn a_head_that_gives_up_passes_the_turn_without_waiting_for_a_lease() {
             .unwrap()
             .unwrap();
         assert!(token > 0);
-        eventually_async("no orphaned attempts", || {
+        eventually("no orphaned attempts", || {
             locks.stats().orphaned_attempts == 0
         })
         .await;
@@ -422,23 +401,12 @@ async fn wait_queue_len_async(server: &RedisServer, prefix: &str, name: &str, le
     }
 }
 
-async fn eventually_async(what: &str, check: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + HANG;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[test]
 fn four_processes_by_four_tasks_are_exclusive_and_served_in_queue_order() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("loop-{}", mode_name(mode));
+        let prefix = format!("loop-{}", mode.as_str());
         for key in ["loop-counter", "loop-log", "loop-inside"] {
             server.cmd(&["DEL", key]);
         }
@@ -534,7 +502,7 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
             Lease::watchdog(Duration::from_secs(60)),
             Lease::fixed(Duration::from_secs(60)),
         ] {
-            let prefix = format!("grant-{}", mode_name(mode));
+            let prefix = format!("grant-{}", mode.as_str());
             let cfg = |lease_ms| {
                 config(
                     &server.url(),
@@ -556,7 +524,7 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
                 // waiter then finds its grant by asking Redis, which is correct but not what
                 // this test is about): wait until both clients listen.
                 let channel = format!("{{{prefix}:events}}");
-                eventually_async("both clients subscribed", || {
+                eventually("both clients subscribed", || {
                     let reply = server.cmd(&["PUBSUB", "NUMSUB", &channel]).as_array();
                     reply.get(1).map(Resp::as_int) == Some(2)
                 })
@@ -611,11 +579,11 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
             // comes long after this hand-off, so nothing but the grant wakes the waiter) to the
             // 60 s lease, a third into the grant.
             let hold_key = format!("{{{prefix}:0}}:fair:granted");
-            eventually_async("the granted hold is topped up to the full lease", || {
+            eventually("the granted hold is topped up to the full lease", || {
                 server.cmd(&["PTTL", &hold_key]).as_int() > 10_000
             })
             .await;
-            eventually_async("the guard's deadline follows the top-up", || {
+            eventually("the guard's deadline follows the top-up", || {
                 guard.lease_deadline() > tokio::time::Instant::now() + Duration::from_secs(10)
             })
             .await;

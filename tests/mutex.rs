@@ -12,46 +12,10 @@ use fredlock::{
     Config, Error, Lease, LockClient, LostCause, NotHeldReason, NotificationMode, Owner,
 };
 use support::{init_tracing, RedisServer};
-
-/// Bound that only turns a hang into a failure; never a performance claim.
-const HANG: Duration = Duration::from_secs(30);
-
-const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
+use support::{connect, eventually_async, HANG, MODES};
 
 fn config(server: &RedisServer, mode: NotificationMode, prefix: &str) -> Config {
-    let mut config = Config::new(server.url());
-    config.notification = mode;
-    config.key_prefix = format!("{prefix}-{}", mode_name(mode));
-    config
-}
-
-fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        _ => "pubsub",
-    }
-}
-
-async fn connect(server: &RedisServer, mode: NotificationMode, prefix: &str) -> LockClient {
-    LockClient::connect(config(server, mode, prefix))
-        .await
-        .expect("connect")
-}
-
-/// Waits (bounded) until `check` holds.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + HANG;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::config(server, &format!("{prefix}-{}", mode.as_str()), mode)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +23,7 @@ async fn reentry_counts_holds_and_keeps_the_token() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let locks = connect(&server, mode, "reentry").await;
+        let locks = connect(config(&server, mode, "reentry")).await;
         let me = Owner::new();
         let mine = locks.mutex("account:7").unwrap().with_owner(&me);
         let first = mine.lock().await.unwrap();
@@ -81,7 +45,7 @@ async fn reentry_counts_holds_and_keeps_the_token() {
         let from_task = tokio::spawn(async move { mine2.lock().await.map(|g| g.fencing_token()) });
         assert_eq!(from_task.await.unwrap().unwrap(), first.fencing_token());
         // The spawned task's guard was dropped: the release worker takes that hold back.
-        eventually("dropped re-entry released", || async {
+        eventually_async("dropped re-entry released", || async {
             mine.state().await.unwrap().hold_count == 3
         })
         .await;
@@ -111,7 +75,7 @@ async fn handles_without_owner_exclude_each_other_and_waiters_get_the_lock() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let locks = connect(&server, mode, "exclusion").await;
+        let locks = connect(config(&server, mode, "exclusion")).await;
         let mutex = locks.mutex("jobs").unwrap();
         let held = mutex.lock().await.unwrap();
         assert!(mutex.try_lock().await.unwrap().is_none());
@@ -124,7 +88,7 @@ async fn handles_without_owner_exclude_each_other_and_waiters_get_the_lock() {
             let mutex = mutex.clone();
             tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
         };
-        eventually("waiter registered", || async { locks.stats().waiting == 1 }).await;
+        eventually_async("waiter registered", || async { locks.stats().waiting == 1 }).await;
         let token = held.fencing_token();
         held.unlock().await.unwrap();
         let next = tokio::time::timeout(HANG, waiter)
@@ -142,7 +106,7 @@ async fn release_errors_leave_the_current_holder_alone() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let locks = connect(&server, mode, "release").await;
+        let locks = connect(config(&server, mode, "release")).await;
         let short = locks
             .mutex("ledger")
             .unwrap()
@@ -151,7 +115,7 @@ async fn release_errors_leave_the_current_holder_alone() {
         // Released after expiry, nobody holds it.
         let expired = short.lock().await.unwrap();
         assert_eq!(expired.lost().await, LostCause::Expired);
-        eventually("lease expired in Redis", || async {
+        eventually_async("lease expired in Redis", || async {
             !short.is_locked().await.unwrap()
         })
         .await;
@@ -162,7 +126,7 @@ async fn release_errors_leave_the_current_holder_alone() {
 
         // Released after expiry while another owner holds it.
         let stale = short.lock().await.unwrap();
-        eventually("lease expired in Redis", || async {
+        eventually_async("lease expired in Redis", || async {
             !short.is_locked().await.unwrap()
         })
         .await;
@@ -204,7 +168,7 @@ async fn fencing_tokens_increase_across_holders_and_survive_force_unlock() {
             let mutex = mutex.clone();
             tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
         };
-        eventually("waiter registered", || async { locks.stats().waiting == 1 }).await;
+        eventually_async("waiter registered", || async { locks.stats().waiting == 1 }).await;
         assert!(mutex.force_unlock().await.unwrap());
         // The waiter is woken by the forced unlock's event and gets a higher token.
         let next = tokio::time::timeout(HANG, waiter)
@@ -274,7 +238,7 @@ async fn lost_fires_when_renewal_fails() {
 async fn watchdog_keeps_the_lease_and_max_hold_caps_it() {
     init_tracing();
     let server = RedisServer::start();
-    let locks = connect(&server, NotificationMode::Stream, "watchdog").await;
+    let locks = connect(config(&server, NotificationMode::Stream, "watchdog")).await;
     let renewed = locks
         .mutex("long-job")
         .unwrap()
@@ -283,7 +247,7 @@ async fn watchdog_keeps_the_lease_and_max_hold_caps_it() {
     let guard = renewed.lock().await.unwrap();
     let first_deadline = guard.lease_deadline();
     // Several leases later the hold is still there, renewed by the watchdog.
-    eventually("deadline pushed forward", || async {
+    eventually_async("deadline pushed forward", || async {
         guard.lease_deadline() > first_deadline + Duration::from_millis(600)
     })
     .await;
@@ -303,7 +267,7 @@ async fn watchdog_keeps_the_lease_and_max_hold_caps_it() {
         tokio::time::timeout(HANG, guard.lost()).await.unwrap(),
         LostCause::Expired
     );
-    eventually("capped hold expired", || async {
+    eventually_async("capped hold expired", || async {
         !capped.is_locked().await.unwrap()
     })
     .await;
@@ -346,7 +310,7 @@ async fn dropped_lock_futures_leave_nothing_behind() {
                 tokio::spawn(async move { mutex.lock().await.map(|_| ()) })
             })
             .collect();
-        eventually("20 waiters registered", || async {
+        eventually_async("20 waiters registered", || async {
             locks.stats().waiting == 20
         })
         .await;
@@ -367,7 +331,7 @@ async fn dropped_lock_futures_leave_nothing_behind() {
         // Attempts of the aborted waiters that were still in flight finish in the background
         // (and release whatever they obtained); once they settle, no marker is left.
         let wait_key = format!("{{{prefix}:0}}:mutex.wait:queue");
-        eventually("aborted attempts finished", || async {
+        eventually_async("aborted attempts finished", || async {
             locks.stats().orphaned_attempts == 0
         })
         .await;
@@ -384,7 +348,7 @@ async fn dropped_lock_futures_leave_nothing_behind() {
                 _ = std::future::ready(()) => {}
             }
         }
-        eventually("in-flight acquisitions finished", || async {
+        eventually_async("in-flight acquisitions finished", || async {
             locks.stats().orphaned_attempts == 0
         })
         .await;
@@ -427,14 +391,14 @@ async fn dropping_the_guard_releases_and_wakes_the_next_waiter() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let locks = connect(&server, mode, "dropguard").await;
+        let locks = connect(config(&server, mode, "dropguard")).await;
         let mutex = locks.mutex("y").unwrap();
         let held = mutex.lock().await.unwrap();
         let waiter = {
             let mutex = mutex.clone();
             tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
         };
-        eventually("waiter registered", || async { locks.stats().waiting == 1 }).await;
+        eventually_async("waiter registered", || async { locks.stats().waiting == 1 }).await;
         let token = held.fencing_token();
         drop(held);
         let next = tokio::time::timeout(HANG, waiter)
@@ -453,8 +417,8 @@ async fn many_waiters_share_two_connections() {
     let server = RedisServer::start();
     for mode in MODES {
         let before = connected_clients(&server);
-        let locks = connect(&server, mode, "economy").await;
-        let holder = connect(&server, mode, "economy").await;
+        let locks = connect(config(&server, mode, "economy")).await;
+        let holder = connect(config(&server, mode, "economy")).await;
         let mut guards = Vec::new();
         for i in 0..200 {
             guards.push(
@@ -472,7 +436,7 @@ async fn many_waiters_share_two_connections() {
                 tokio::spawn(async move { mutex.lock().await.map(|g| g.fencing_token()) })
             })
             .collect();
-        eventually("200 waiters registered", || async {
+        eventually_async("200 waiters registered", || async {
             locks.stats().waiting == 200
         })
         .await;
@@ -534,7 +498,7 @@ async fn from_client_uses_the_services_connection_and_leaves_it_open() {
 async fn clients_with_different_layouts_under_one_prefix_are_refused() {
     init_tracing();
     let server = RedisServer::start();
-    let first = connect(&server, NotificationMode::Stream, "layout").await;
+    let first = connect(config(&server, NotificationMode::Stream, "layout")).await;
     let mut other = config(&server, NotificationMode::Stream, "layout");
     other.shards = 8;
     assert!(matches!(
@@ -666,7 +630,7 @@ async fn every_local_waiter_is_woken_in_turn() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let locks = connect(&server, mode, "turns").await;
+        let locks = connect(config(&server, mode, "turns")).await;
         // The first holder's lease is far beyond the bound below: only events can hand over.
         let mutex = locks
             .mutex("turns")
@@ -684,7 +648,7 @@ async fn every_local_waiter_is_woken_in_turn() {
                 })
             })
             .collect();
-        eventually("5 waiters registered", || async {
+        eventually_async("5 waiters registered", || async {
             locks.stats().waiting == 5
         })
         .await;

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::KeysInterface;
 use fredlock::{Config, Lease, LockClient, MutexGuard, NotificationMode};
-use support::{RedisServer, Resp, WorkerHandle};
+use support::{config, fnv1a32, parse_mode, RedisServer, Resp, WorkerHandle, HANG};
 
 // ---------------------------------------------------------------------------
 // Parameters and helpers
@@ -47,27 +47,6 @@ const COUNTER_TOTAL: usize = COUNTER_WORKERS * COUNTER_TASKS * COUNTER_ROUNDS;
 const WAITERS: usize = 50;
 /// A lease far beyond every bound of this file: only events and re-checks can wake waiters.
 const LONG_LEASE: Duration = Duration::from_secs(120);
-/// Bound that only fails on hangs.
-const HANG: Duration = Duration::from_secs(30);
-
-fn mode_name(mode: NotificationMode) -> &'static str {
-    mode.as_str()
-}
-
-fn parse_mode(name: &str) -> NotificationMode {
-    match name {
-        "stream" => NotificationMode::Stream,
-        "pubsub" => NotificationMode::PubSub,
-        other => panic!("unknown notification mode {other:?}"),
-    }
-}
-
-fn config(url: &str, prefix: &str, mode: NotificationMode) -> Config {
-    let mut config = Config::new(url);
-    config.key_prefix = prefix.to_owned();
-    config.notification = mode;
-    config
-}
 
 fn param(name: &str) -> String {
     support::worker_param(name).unwrap_or_else(|| panic!("worker parameter {name} is not set"))
@@ -97,7 +76,7 @@ fn worker_env(
     vec![
         (ENV_URL, server.url()),
         (ENV_PREFIX, prefix.to_owned()),
-        (ENV_MODE, mode_name(mode).to_owned()),
+        (ENV_MODE, mode.as_str().to_owned()),
         (ENV_LOCK, lock.to_owned()),
         (ENV_NS, ns.to_owned()),
     ]
@@ -119,16 +98,6 @@ async fn next_result(worker: WorkerHandle, timeout: Duration) -> (WorkerHandle, 
         (worker, line)
     })
     .await
-}
-
-/// 32-bit FNV-1a, as documented for the shard of a lock name.
-fn fnv1a32(bytes: &[u8]) -> u32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    for &b in bytes {
-        hash ^= u32::from(b);
-        hash = hash.wrapping_mul(0x0100_0193);
-    }
-    hash
 }
 
 /// Parses `HELD <token>`.
@@ -271,8 +240,8 @@ fn counter_keys(ns: &str) -> [String; 5] {
 fn mutual_exclusion(mode: NotificationMode) {
     support::init_tracing();
     let server = RedisServer::start();
-    let prefix = format!("proc-excl-{}", mode_name(mode));
-    let ns = format!("test-excl-{}", mode_name(mode));
+    let prefix = format!("proc-excl-{}", mode.as_str());
+    let ns = format!("test-excl-{}", mode.as_str());
     let lock = "shared-counter";
     let [counter, inside, violations, last_token, start] = counter_keys(&ns);
 
@@ -319,7 +288,7 @@ fn mutual_exclusion(mode: NotificationMode) {
     eprintln!(
         "[{}] mutual exclusion: {acquired} critical sections in {:?} (total {:?}); longest \
          single lock() wait {max_wait_ms} ms",
-        mode_name(mode),
+        mode.as_str(),
         go.elapsed(),
         started.elapsed()
     );
@@ -446,7 +415,7 @@ const CRASH_LEASE: Duration = Duration::from_secs(2);
 async fn holder_sigkill(mode: NotificationMode) {
     support::init_tracing();
     let server = RedisServer::start();
-    let prefix = format!("proc-kill-{}", mode_name(mode));
+    let prefix = format!("proc-kill-{}", mode.as_str());
     let lock = "crash-lock";
     let mut env = worker_env(&server, &prefix, mode, lock, "unused");
     env.push((ENV_LEASE_MS, CRASH_LEASE.as_millis().to_string()));
@@ -492,7 +461,7 @@ async fn holder_sigkill(mode: NotificationMode) {
     eprintln!(
         "[{}] holder SIGKILL: waiter acquired {took:?} after the kill (lease {CRASH_LEASE:?}); \
          token {} > dead holder's {dead_token}",
-        mode_name(mode),
+        mode.as_str(),
         guard.fencing_token()
     );
     assert!(guard.fencing_token() > dead_token);
@@ -594,7 +563,7 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
     support::init_tracing();
     let server = Arc::new(RedisServer::start());
     let variant = if many_locks { "many" } else { "single" };
-    let prefix = format!("proc-notifier-{variant}-{}", mode_name(mode));
+    let prefix = format!("proc-notifier-{variant}-{}", mode.as_str());
     let names: Vec<String> = if many_locks {
         (0..WAITERS).map(|i| format!("lock-{i}")).collect()
     } else {
@@ -665,7 +634,7 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
     eprintln!(
         "[{}] notifier killed ({variant} lock(s); {killed}): all {WAITERS} waiters acquired \
          {took:?} after the release; wakeups {}",
-        mode_name(mode),
+        mode.as_str(),
         locks.stats().wakeups
     );
 
@@ -749,8 +718,8 @@ async fn notifier_killed_while_50_wait_on_50_locks_pubsub() {
 async fn cross_process_release(mode: NotificationMode) {
     support::init_tracing();
     let server = RedisServer::start();
-    let prefix = format!("proc-push-{}", mode_name(mode));
-    let ns = format!("test-push-{}", mode_name(mode));
+    let prefix = format!("proc-push-{}", mode.as_str());
+    let ns = format!("test-push-{}", mode.as_str());
     let lock = "pushed";
     let go_key = format!("{ns}:go");
 
@@ -805,7 +774,7 @@ async fn cross_process_release(mode: NotificationMode) {
     eprintln!(
         "[{}] cross-process release: waiter acquired {took:?} after GO (worker polls every \
          20 ms); wakeups {} -> {}",
-        mode_name(mode),
+        mode.as_str(),
         wakeups_before,
         locks.stats().wakeups
     );

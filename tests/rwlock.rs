@@ -9,26 +9,13 @@ use std::time::Duration;
 use fred::interfaces::KeysInterface;
 use fredlock::{Config, Error, Lease, LockClient, NotificationMode, Owner};
 use support::{
-    emit_result, init_tracing, is_worker, spawn_worker_handle, worker_param, RedisServer,
+    emit_result, eventually_async, init_tracing, is_worker, parse_mode, spawn_worker_handle,
+    worker_param, RedisServer, HANG, MODES,
 };
-
-/// Bound that only turns a hang into a failure; never a performance claim.
-const HANG: Duration = Duration::from_secs(30);
-
-const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
-
-fn mode_name(mode: NotificationMode) -> &'static str {
-    match mode {
-        NotificationMode::Stream => "stream",
-        _ => "pubsub",
-    }
-}
 
 /// One shard, so the test can name the keys: `{prefix:0}:rw.<role>:<name>`.
 fn config(url: &str, mode: NotificationMode, prefix: &str) -> Config {
-    let mut config = Config::new(url);
-    config.notification = mode;
-    config.key_prefix = prefix.to_owned();
+    let mut config = support::config(url, prefix, mode);
     config.shards = 1;
     config.waiter_lease = Duration::from_millis(900);
     config.watchdog_lease = Duration::from_millis(900);
@@ -51,25 +38,10 @@ fn worker_env(
 ) -> Vec<(&'static str, String)> {
     vec![
         ("RW_URL", server.url()),
-        ("RW_MODE", mode_name(mode).to_owned()),
+        ("RW_MODE", mode.as_str().to_owned()),
         ("RW_PREFIX", prefix.to_owned()),
         ("RW_ROLE", role.to_owned()),
     ]
-}
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + HANG;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never happened: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 fn queue_len(server: &RedisServer, prefix: &str, name: &str) -> i64 {
@@ -93,11 +65,7 @@ fn rw_worker() {
 
 async fn run_worker() {
     let param = |name: &str| worker_param(name).unwrap_or_else(|| panic!("missing {name}"));
-    let mode = if param("RW_MODE") == "stream" {
-        NotificationMode::Stream
-    } else {
-        NotificationMode::PubSub
-    };
+    let mode = parse_mode(&param("RW_MODE"));
     let role = param("RW_ROLE");
     let mut config = config(&param("RW_URL"), mode, &param("RW_PREFIX"));
     if role == "read-heavy" {
@@ -320,7 +288,7 @@ fn eight_readers_in_two_processes_hold_the_lock_together() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("overlap-{}", mode_name(mode));
+        let prefix = format!("overlap-{}", mode.as_str());
         server.cmd(&["DEL", "overlap-in"]);
         let workers: Vec<_> = (0..2)
             .map(|_| {
@@ -339,7 +307,7 @@ fn writers_exclude_readers_and_writers() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("mixed-{}", mode_name(mode));
+        let prefix = format!("mixed-{}", mode.as_str());
         for k in ["mixed-a", "mixed-b", "mixed-count"] {
             server.cmd(&["DEL", k]);
         }
@@ -367,7 +335,7 @@ fn a_read_heavy_mix_of_many_tasks_in_many_processes_loses_no_wakeup() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("read-heavy-{}", mode_name(mode));
+        let prefix = format!("read-heavy-{}", mode.as_str());
         for k in ["rh-a", "rh-b", "rh-count"] {
             server.cmd(&["DEL", k]);
         }
@@ -509,7 +477,7 @@ async fn wake_events_name_exactly_the_readers_redis_admits() {
         let lock = lock.clone();
         tokio::spawn(async move { lock.write().await.map(drop) })
     };
-    eventually("writer queued", || async {
+    eventually_async("writer queued", || async {
         queue_len(&server, prefix, name) == 1
     })
     .await;
@@ -520,7 +488,7 @@ async fn wake_events_name_exactly_the_readers_redis_admits() {
         &waiters(&[("rx", true), ("ry", true)]),
     );
     waiting.abort();
-    eventually(
+    eventually_async(
         "the readers behind the leaving writer were named",
         || async { last_event(&server, prefix) == chain("rx,ry") },
     )
@@ -537,7 +505,7 @@ async fn a_waiting_writer_goes_before_every_reader_that_came_after_it() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("starve-{}", mode_name(mode));
+        let prefix = format!("starve-{}", mode.as_str());
         let locks = LockClient::connect(config(&server.url(), mode, &prefix))
             .await
             .unwrap();
@@ -558,7 +526,7 @@ async fn a_waiting_writer_goes_before_every_reader_that_came_after_it() {
                 rank
             })
         };
-        eventually("writer queued", || async {
+        eventually_async("writer queued", || async {
             queue_len(&server, &prefix, "doc") == 1
         })
         .await;
@@ -577,7 +545,7 @@ async fn a_waiting_writer_goes_before_every_reader_that_came_after_it() {
                 guard.unlock().await.unwrap();
                 rank
             }));
-            eventually("reader queued", || async {
+            eventually_async("reader queued", || async {
                 queue_len(&server, &prefix, "doc") == 2 + i
             })
             .await;
@@ -599,7 +567,7 @@ fn one_write_release_wakes_queued_readers_in_several_processes_with_one_event() 
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("fanout-{}", mode_name(mode));
+        let prefix = format!("fanout-{}", mode.as_str());
         server.cmd(&["DEL", "fanout-in"]);
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let locks = runtime
@@ -665,7 +633,7 @@ async fn downgrade_keeps_the_read_hold_and_upgrade_is_refused() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("grade-{}", mode_name(mode));
+        let prefix = format!("grade-{}", mode.as_str());
         let locks = LockClient::connect(config(&server.url(), mode, &prefix))
             .await
             .unwrap();
@@ -689,7 +657,7 @@ async fn downgrade_keeps_the_read_hold_and_upgrade_is_refused() {
             let other = other.clone();
             tokio::spawn(async move { other.read().await.map(|g| g.fencing_token()) })
         };
-        eventually("reader queued", || async {
+        eventually_async("reader queued", || async {
             queue_len(&server, &prefix, "cfg") == 1
         })
         .await;
@@ -701,7 +669,7 @@ async fn downgrade_keeps_the_read_hold_and_upgrade_is_refused() {
             .unwrap();
         assert_eq!(token, read.fencing_token());
         // The reader task's guard was dropped: its release runs in the background.
-        eventually("the other reader released", || async {
+        eventually_async("the other reader released", || async {
             mine.state().await.unwrap().readers == 1
         })
         .await;
@@ -747,7 +715,7 @@ async fn read_holds_expire_on_their_own() {
     let lasting = long.read().await.unwrap();
     assert_eq!(long.state().await.unwrap().readers, 2);
     brief.lost().await;
-    eventually("short read hold expired", || async {
+    eventually_async("short read hold expired", || async {
         long.state().await.unwrap().readers == 1
     })
     .await;
@@ -766,7 +734,7 @@ async fn a_killed_reader_frees_its_hold_within_its_lease() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("crash-{}", mode_name(mode));
+        let prefix = format!("crash-{}", mode.as_str());
         let locks = LockClient::connect(config(&server.url(), mode, &prefix))
             .await
             .unwrap();
@@ -794,7 +762,7 @@ async fn a_writer_that_died_waiting_stops_blocking_new_readers() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("deadw-{}", mode_name(mode));
+        let prefix = format!("deadw-{}", mode.as_str());
         let locks = LockClient::connect(config(&server.url(), mode, &prefix))
             .await
             .unwrap();
@@ -804,7 +772,7 @@ async fn a_writer_that_died_waiting_stops_blocking_new_readers() {
             "rw_worker",
             &worker_env(&server, mode, &prefix, "wait-write"),
         );
-        eventually("writer queued", || async {
+        eventually_async("writer queued", || async {
             queue_len(&server, &prefix, "dead-writer") == 1
         })
         .await;

@@ -1,138 +1,16 @@
 //! Security properties against a real `redis-server`: owner tokens that cannot be guessed or
-//! borrowed, a least-privilege ACL user, secrets kept out of logs and `Debug` output, and TLS
-//! (with `--features tls`).
-//!
-//! # Minimal ACL user
-//!
-//! A client needs only the commands below, on keys and channels under its own prefix `P`
-//! (`{P:<shard>}:…` and `{P:layout}`). Every state change is a Lua script; Redis checks the
-//! commands a script calls against the caller's ACL too, so they are listed as well.
-//!
-//! ```text
-//! ACL SETUSER locker on >PASSWORD resetkeys ~{P:* resetchannels &{P:* -@all
-//!     +client|id +info                        # connection setup (fred)
-//!     +set +get                               # the layout record {P:layout}
-//!     +evalsha +eval                          # every lock operation is a script
-//!     +xread +xrevrange +client|unblock       # notifier, Stream mode
-//!     +subscribe                              # notifier, Pub/Sub mode
-//!     +del +exists +hdel +hexists +hget +hincrby +hmget +hset +incr +lindex +llen +lpop
-//!     +lrange +lrem +pexpire +pttl +publish +rpush +time +type +xadd +zadd +zcard +zcount
-//!     +zrange +zrangebyscore +zrem +zremrangebyscore +zscore   # called inside the scripts
-//! ```
-//!
-//! Add `+ssubscribe +spublish` on a Redis Cluster in Pub/Sub mode, `+wait` with
-//! `Config::replica_acks > 0`, `+select` for a database index in the URL. `AUTH`, `HELLO` and
-//! `QUIT` need no grant. [`ACL_COMMANDS`] is that list; [`acl_list_covers_every_script_command`]
-//! keeps it in step with `lua/`, and [`acl_user_limited_to_its_prefix_runs_every_lock_kind`]
-//! proves it sufficient (the server's `ACL LOG` stays empty while every lock kind acquires,
-//! waits, is woken, renews, extends, times out, force-unlocks and shuts down in both
-//! notification modes).
-//!
-//! With such a user a client configured for another prefix fails to connect with
-//! [`Error::Permission`] (the `NOPERM` reply to the layout record), and nothing outside the prefix
-//! can be read or written, not even from a script.
+//! borrowed, secrets kept out of logs and `Debug` output, and TLS (with `--features tls`). The
+//! least-privilege ACL user is tested in `tests/acl.rs`.
 
 mod support;
 
-use std::collections::{BTreeSet, HashSet};
-use std::future::Future;
+use std::collections::HashSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use fred::interfaces::{ClientLike, KeysInterface, LuaInterface};
-use fredlock::{Config, Error, Lease, LockClient, LostCause, NotificationMode, Owner};
-use support::{RedisServer, Resp};
-
-/// Bound that only turns a hang into a failure; never a performance claim.
-const HANG: Duration = Duration::from_secs(30);
-/// A lease no test here waits out: a prompt hand-off can only come from a release event.
-const LONG_LEASE: Duration = Duration::from_secs(120);
-const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
-
-/// Commands (ACL names, lower case) a least-privilege user needs; see the module docs.
-const ACL_COMMANDS: &[&str] = &[
-    // connection setup: fred caches the connection id (for CLIENT UNBLOCK) and server version
-    "client|id",
-    "info",
-    // layout record
-    "set",
-    "get",
-    // scripts
-    "evalsha",
-    "eval",
-    // notifier
-    "xread",
-    "xrevrange",
-    "client|unblock",
-    "subscribe",
-    // inside the scripts
-    "del",
-    "exists",
-    "hdel",
-    "hexists",
-    "hget",
-    "hincrby",
-    "hmget",
-    "hset",
-    "incr",
-    "lindex",
-    "llen",
-    "lpop",
-    "lrange",
-    "lrem",
-    "pexpire",
-    "pttl",
-    "publish",
-    "rpush",
-    "time",
-    "type",
-    "xadd",
-    "zadd",
-    "zcard",
-    "zcount",
-    "zrange",
-    "zrangebyscore",
-    "zrem",
-    "zremrangebyscore",
-    "zscore",
-];
-
-/// Commands only some deployments need (cluster Pub/Sub, replica acks, database index).
-const ACL_CONDITIONAL: &[&str] = &["ssubscribe", "spublish", "wait", "select"];
-
-fn mode_name(mode: NotificationMode) -> &'static str {
-    mode.as_str()
-}
-
-fn config(url: &str, prefix: &str, mode: NotificationMode) -> Config {
-    let mut config = Config::new(url);
-    config.key_prefix = prefix.to_owned();
-    config.notification = mode;
-    config.shards = 2;
-    config
-}
-
-async fn bounded<T>(what: &str, future: impl Future<Output = T>) -> T {
-    tokio::time::timeout(HANG, future)
-        .await
-        .unwrap_or_else(|_| panic!("{what} hung for {HANG:?}"))
-}
-
-async fn connect(config: Config) -> LockClient {
-    bounded("connect", LockClient::connect(config))
-        .await
-        .expect("connect")
-}
-
-/// Polls `check` every 10 ms until it holds; panics after [`HANG`].
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + HANG;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+use fredlock::{Error, Lease, LockClient, LostCause, Owner};
+use support::{bounded, connect, eventually, sharded_config, shutdown, RedisServer, MODES};
 
 /// The hold hash of lock `name` of `kind` ("mutex", "fair", "rw") under `prefix`, via SCAN.
 fn hold_key(server: &RedisServer, prefix: &str, kind: &str, name: &str) -> String {
@@ -180,8 +58,8 @@ fn owner_ids_are_unguessable_and_distinct() {
 async fn a_hold_is_entered_only_with_its_owner_token() {
     let server = RedisServer::start();
     for mode in MODES {
-        let prefix = format!("sec-owner-{}", mode_name(mode));
-        let locks = connect(config(&server.url(), &prefix, mode)).await;
+        let prefix = format!("sec-owner-{}", mode.as_str());
+        let locks = connect(sharded_config(&server.url(), &prefix, mode, 2)).await;
         let (a, b) = (Owner::new(), Owner::new());
         // A's renewals run every 100 ms, so a force-unlock shows on its guard promptly.
         let lease = Lease::watchdog(Duration::from_millis(300));
@@ -281,378 +159,8 @@ async fn a_hold_is_entered_only_with_its_owner_token() {
         bounded("A learns", write.lost()).await;
         drop((write, nested));
         bounded("unlock B", taken.unlock()).await.expect("unlock B");
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
     }
-}
-
-// ---------------------------------------------------------------------------
-// 2. ACL
-// ---------------------------------------------------------------------------
-
-/// Every command a script calls (`redis.call('X'` / `redis.pcall('X'`), lower case.
-fn script_commands() -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("read lua dir") {
-            let path = entry.expect("dir entry").path();
-            if path.is_dir() {
-                dirs.push(path);
-                continue;
-            }
-            let source = std::fs::read_to_string(&path).expect("read script");
-            for call in ["redis.call(", "redis.pcall("] {
-                for (at, _) in source.match_indices(call) {
-                    let rest = &source[at + call.len()..];
-                    let name = rest
-                        .strip_prefix('\'')
-                        .or_else(|| rest.strip_prefix('"'))
-                        .and_then(|r| r.split(['\'', '"']).next())
-                        .unwrap_or_else(|| {
-                            panic!("{}: a command name that is not a literal", path.display())
-                        });
-                    found.insert(name.to_ascii_lowercase());
-                }
-            }
-        }
-    }
-    found
-}
-
-#[test]
-fn acl_list_covers_every_script_command() {
-    let granted: BTreeSet<&str> = ACL_COMMANDS
-        .iter()
-        .chain(ACL_CONDITIONAL)
-        .copied()
-        .collect();
-    let called = script_commands();
-    assert!(
-        called.len() > 10,
-        "found too few commands in lua/: {called:?}"
-    );
-    let missing: Vec<&String> = called
-        .iter()
-        .filter(|c| !granted.contains(c.as_str()))
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "scripts call commands the documented ACL lacks: {missing:?}"
-    );
-}
-
-/// The oldest server that has everything [`acl_setuser`] needs: ACL users (6.0) with channel
-/// rules (`&pattern`, 6.2).
-const ACL_VERSION: (u32, u32, u32) = (6, 2, 0);
-const ACL_WHY: &str = "ACL users with channel rules";
-
-/// `ACL SETUSER` arguments for a user confined to `{prefix:*` with [`ACL_COMMANDS`].
-fn acl_setuser(user: &str, password: &str, prefix: &str) -> Vec<String> {
-    let mut args: Vec<String> = ["ACL", "SETUSER", user, "reset", "on"]
-        .map(str::to_owned)
-        .into();
-    args.push(format!(">{password}"));
-    args.push(format!("~{{{prefix}:*"));
-    args.push(format!("&{{{prefix}:*"));
-    args.push("-@all".to_owned());
-    args.extend(ACL_COMMANDS.iter().map(|c| format!("+{c}")));
-    args
-}
-
-fn create_acl_user(server: &RedisServer, user: &str, password: &str, prefix: &str) {
-    let args = acl_setuser(user, password, prefix);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    assert_eq!(server.cmd(&args), Resp::Simple("OK".into()), "{args:?}");
-    server.cmd(&["ACL", "LOG", "RESET"]);
-}
-
-/// `ACL LOG` entries as `reason/context/object/username` strings.
-fn acl_log(server: &RedisServer) -> Vec<String> {
-    server
-        .cmd(&["ACL", "LOG", "128"])
-        .as_array()
-        .iter()
-        .map(|entry| {
-            let fields: Vec<String> = entry
-                .as_array()
-                .iter()
-                .map(|f| f.as_str_opt().unwrap_or_default())
-                .collect();
-            let field = |name: &str| {
-                fields
-                    .chunks(2)
-                    .find(|kv| kv[0] == name)
-                    .map(|kv| kv[1].clone())
-                    .unwrap_or_default()
-            };
-            format!(
-                "{}/{}/{}/{}",
-                field("reason"),
-                field("context"),
-                field("object"),
-                field("username")
-            )
-        })
-        .collect()
-}
-
-/// Holder `a` takes the lock with a long lease; `b` (another client) fails to barge, times out,
-/// then waits until woken by the release event; extends and force-unlock are exercised too.
-async fn mutex_handoff(a: &fredlock::Mutex, b: &fredlock::Mutex, waiting_client: &LockClient) {
-    let long = a
-        .clone()
-        .with_lease(Lease::watchdog(LONG_LEASE))
-        .expect("lease");
-    let held = bounded("lock", long.lock()).await.expect("lock");
-    bounded("extend", held.extend(LONG_LEASE))
-        .await
-        .expect("extend");
-    assert!(bounded("try", b.try_lock()).await.expect("try").is_none());
-    let timed_out = bounded("timeout", b.lock_timeout(Duration::from_millis(100)))
-        .await
-        .expect("lock_timeout");
-    assert!(timed_out.is_none());
-    let waiter = b.clone();
-    let waiting = tokio::spawn(async move { waiter.lock().await });
-    eventually("the waiter waits", || waiting_client.stats().waiting == 1).await;
-    // Long enough for the fair lock's queue heartbeat (waiter_lease / 3) to run.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let token = held.fencing_token();
-    bounded("unlock", held.unlock()).await.expect("unlock");
-    let woken = bounded("woken by the event", waiting)
-        .await
-        .expect("waiter task")
-        .expect("lock");
-    assert!(woken.fencing_token() > token);
-    drop(woken);
-
-    // Watchdog renewals of a short lease.
-    let short = a
-        .clone()
-        .with_lease(Lease::watchdog(Duration::from_millis(300)))
-        .expect("l");
-    let renewed = bounded("lock", short.lock()).await.expect("lock");
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(renewed.lost_cause(), None, "renewals failed");
-    assert!(bounded("force", a.force_unlock()).await.expect("force"));
-    bounded("lost", renewed.lost()).await;
-    assert!(!bounded("state", a.is_locked()).await.expect("state"));
-}
-
-/// Writer `a` blocks reader `b`, whose read is woken by the write release; then a writer waits
-/// for that read hold.
-async fn rwlock_handoff(a: &fredlock::RwLock, b: &fredlock::RwLock, waiting_client: &LockClient) {
-    let long = a
-        .clone()
-        .with_lease(Lease::watchdog(LONG_LEASE))
-        .expect("lease");
-    let write = bounded("write", long.write()).await.expect("write");
-    assert!(bounded("try_read", b.try_read())
-        .await
-        .expect("tr")
-        .is_none());
-    let timed_out = bounded("read_timeout", b.read_timeout(Duration::from_millis(100)))
-        .await
-        .expect("read_timeout");
-    assert!(timed_out.is_none());
-    let reader = b
-        .clone()
-        .with_lease(Lease::watchdog(Duration::from_millis(300)))
-        .expect("l");
-    let waiting = tokio::spawn(async move { reader.read().await });
-    eventually("the reader waits", || waiting_client.stats().waiting == 1).await;
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    bounded("unlock", write.unlock()).await.expect("unlock");
-    let read = bounded("woken reader", waiting)
-        .await
-        .expect("reader task")
-        .expect("read");
-    let state = bounded("state", a.state()).await.expect("state");
-    assert_eq!((state.write_locked, state.readers), (false, 1));
-
-    let writer = a.clone();
-    let waiting = tokio::spawn(async move { writer.write().await });
-    // The read hold's watchdog renews it meanwhile (rw_renew).
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    assert_eq!(read.lost_cause(), None, "read renewals failed");
-    bounded("read unlock", read.unlock())
-        .await
-        .expect("read unlock");
-    let write = bounded("woken writer", waiting)
-        .await
-        .expect("writer task")
-        .expect("write");
-    drop(write);
-    bounded("force", a.force_unlock()).await.expect("force");
-}
-
-/// A user granted only [`ACL_COMMANDS`] on `{acl:*` runs every lock kind through acquisition,
-/// waiting, event wakeups, renewal, extension, timeouts, force-unlock and shutdown in both
-/// notification modes, and the server records no permission failure.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
-    if !support::requires(ACL_VERSION, ACL_WHY) {
-        return;
-    }
-    let server = RedisServer::start();
-    create_acl_user(&server, "locker", "pw-acl", "acl");
-    let url = format!("redis://locker:pw-acl@127.0.0.1:{}", server.port());
-    for mode in MODES {
-        // Both prefixes are under `{acl:*`; two because a prefix fixes its notification mode.
-        let prefix = format!("acl:{}", mode_name(mode));
-        let mut config = config(&url, &prefix, mode);
-        config.waiter_lease = Duration::from_millis(300);
-        let holder = connect(config.clone()).await;
-        let waiter = connect(config).await;
-
-        for fair in [false, true] {
-            let name = if fair { "acl-fair" } else { "acl-mutex" };
-            let make = |client: &LockClient| {
-                if fair {
-                    client.fair_mutex(name).map(fredlock::Mutex::from)
-                } else {
-                    client.mutex(name)
-                }
-                .expect("mutex")
-            };
-            mutex_handoff(&make(&holder), &make(&waiter), &waiter).await;
-        }
-        rwlock_handoff(
-            &holder.rwlock("acl-rw").expect("rwlock"),
-            &waiter.rwlock("acl-rw").expect("rwlock"),
-            &waiter,
-        )
-        .await;
-
-        // A hold released by shutdown.
-        let kept = bounded("lock", holder.mutex("acl-kept").expect("m").lock())
-            .await
-            .expect("lock");
-        bounded("shutdown", holder.shutdown())
-            .await
-            .expect("shutdown");
-        assert_eq!(kept.lost_cause(), Some(LostCause::Shutdown));
-        bounded("shutdown", waiter.shutdown())
-            .await
-            .expect("shutdown");
-        let log = acl_log(&server);
-        assert!(log.is_empty(), "{mode:?}: permission failures: {log:#?}");
-        assert!(!server.keys(&format!("{{{prefix}:*")).is_empty());
-    }
-    // Nothing outside the prefix was written.
-    let outside: Vec<String> = server
-        .keys("*")
-        .into_iter()
-        .filter(|k| !k.starts_with("{acl:"))
-        .collect();
-    assert!(outside.is_empty(), "keys outside the prefix: {outside:?}");
-}
-
-/// The same user cannot start a client under another prefix (typed error, nothing written),
-/// nor read, write or script keys outside its prefix, nor run admin commands.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acl_refuses_other_prefixes_and_keys() {
-    if !support::requires(ACL_VERSION, ACL_WHY) {
-        return;
-    }
-    let server = RedisServer::start();
-    create_acl_user(&server, "locker", "pw-acl", "acl");
-    let url = format!("redis://locker:pw-acl@127.0.0.1:{}", server.port());
-    server.cmd(&["SET", "outside", "untouched"]);
-
-    for mode in MODES {
-        let err = bounded("connect", LockClient::connect(config(&url, "other", mode)))
-            .await
-            .expect_err("a prefix outside the ACL must be refused");
-        // NOPERM is not an authentication failure: the credentials are fine.
-        assert!(matches!(err, Error::Permission(_)), "{mode:?}: {err:?}");
-        assert!(format!("{err}").contains("NOPERM"), "{err}");
-        eprintln!(
-            "[{}] prefix outside the ACL: {err} / {err:?}",
-            mode_name(mode)
-        );
-        let log = acl_log(&server);
-        assert!(
-            log.iter()
-                .any(|e| e.contains("{other:layout}") && e.ends_with("/locker")),
-            "{log:?}"
-        );
-        server.cmd(&["ACL", "LOG", "RESET"]);
-    }
-    assert!(server.keys("{other*").is_empty(), "{:?}", server.keys("*"));
-
-    let locks = connect(config(&url, "acl", NotificationMode::Stream)).await;
-    let redis = locks.redis();
-    let denied = |what: &str, result: Result<fred::types::Value, fred::error::Error>| {
-        let err = result.expect_err(what);
-        // NOPERM for the command itself; a script's own calls fail with a script error whose
-        // wording depends on the server: Redis "... can't access at least one of the keys
-        // ...", Valkey 9 "ERR ACL failure in script: No permissions to access a key ...".
-        let details = err.details();
-        assert!(
-            [
-                "NOPERM",
-                "can't access",
-                "No permissions to access",
-                "ACL failure"
-            ]
-            .iter()
-            .any(|marker| details.contains(marker)),
-            "{what}: {err:?}"
-        );
-    };
-    denied("GET outside", redis.get("outside").await);
-    denied(
-        "SET outside",
-        redis.set("outside", "x", None, None, false).await,
-    );
-    denied("DEL outside", redis.del("outside").await);
-    denied(
-        "a script writing outside",
-        redis
-            .eval(
-                "return redis.call('SET', KEYS[1], 'x')",
-                vec!["outside"],
-                (),
-            )
-            .await,
-    );
-    denied(
-        "a script with an undeclared key outside",
-        redis
-            .eval("return redis.call('DEL', 'outside')", vec!["{acl:0}:x"], ())
-            .await,
-    );
-    for admin in [&["FLUSHALL"][..], &["KEYS", "*"], &["CONFIG", "GET", "*"]] {
-        let (name, args) = admin.split_first().expect("command");
-        let command = fred::types::CustomCommand::new(
-            name.to_string(),
-            fred::types::ClusterHash::Random,
-            false,
-        );
-        let args: Vec<fred::types::Value> = args.iter().map(|a| (*a).into()).collect();
-        denied(name, redis.custom(command, args).await);
-    }
-    assert_eq!(
-        server.cmd(&["GET", "outside"]).as_str().as_deref(),
-        Some("untouched")
-    );
-    // A lock name cannot escape the prefix: its keys stay inside `{acl:…}`.
-    let guard = bounded("lock", locks.mutex("}:outside{").expect("m").lock())
-        .await
-        .expect("a strange name still works within the prefix");
-    drop(guard);
-    bounded("shutdown", locks.shutdown())
-        .await
-        .expect("shutdown");
-    let outside: Vec<String> = server
-        .keys("*")
-        .into_iter()
-        .filter(|k| !k.starts_with("{acl:") && k != "outside")
-        .collect();
-    assert!(outside.is_empty(), "{outside:?}");
 }
 
 // ---------------------------------------------------------------------------
@@ -708,8 +216,8 @@ async fn passwords_never_reach_logs_or_debug_output() {
     let mut shown = Vec::new();
 
     for mode in MODES {
-        let prefix = format!("sec-pw-{}", mode_name(mode));
-        let config = config(&server.url_with_password(PASSWORD), &prefix, mode);
+        let prefix = format!("sec-pw-{}", mode.as_str());
+        let config = sharded_config(&server.url_with_password(PASSWORD), &prefix, mode, 2);
         shown.push(format!("{config:?} {config:#?} {}", config.redacted_url()));
         let locks = connect(config.clone()).await;
         shown.push(format!("{locks:?} {locks:#?}"));
@@ -742,9 +250,7 @@ async fn passwords_never_reach_logs_or_debug_output() {
             source = cause.source();
         }
         // An error from a closed client.
-        bounded("shutdown", locks.shutdown())
-            .await
-            .expect("shutdown");
+        shutdown(&locks).await;
         let closed = bounded("after shutdown", mutex.lock())
             .await
             .expect_err("closed");
@@ -770,12 +276,15 @@ async fn passwords_never_reach_logs_or_debug_output() {
 #[cfg(feature = "tls")]
 mod tls {
     use super::*;
+    use fred::interfaces::ClientLike;
     use fred::rustls::pki_types::pem::PemObject;
     use fred::rustls::pki_types::CertificateDer;
     use fred::rustls::{ClientConfig, RootCertStore};
     use fred::types::config::{Config as FredConfig, TlsConnector};
+    use fredlock::NotificationMode;
     use std::path::Path;
     use std::process::Command;
+    use support::mutex_handoff;
 
     /// Runs `openssl` with `args` in `dir`; panics with its output on failure.
     fn openssl(dir: &Path, args: &[&str]) {
@@ -926,8 +435,8 @@ mod tls {
         make_certificates(certs.path());
         let (server, tls_port) = start_tls_server(certs.path());
         for mode in MODES {
-            let prefix = format!("sec-tls-{}", mode_name(mode));
-            let config = config("redis://unused", &prefix, mode);
+            let prefix = format!("sec-tls-{}", mode.as_str());
+            let config = sharded_config("redis://unused", &prefix, mode, 2);
             let holder = bounded(
                 "from_client",
                 LockClient::from_client(tls_client(certs.path(), tls_port).await, config.clone()),
@@ -950,14 +459,15 @@ mod tls {
             let mutex = |client: &LockClient| client.mutex("tls-cycle").expect("mutex");
             mutex_handoff(&mutex(&holder), &mutex(&waiter), &waiter).await;
             let fair = |client: &LockClient| {
-                fredlock::Mutex::from(client.fair_mutex("tls-fair").expect("fair"))
+                client
+                    .fair_mutex("tls-fair")
+                    .map(fredlock::Mutex::from)
+                    .expect("fair")
             };
             mutex_handoff(&fair(&holder), &fair(&waiter), &waiter).await;
 
             for client in [&holder, &waiter] {
-                bounded("shutdown", client.shutdown())
-                    .await
-                    .expect("shutdown");
+                shutdown(&client).await;
                 let _ = client.redis().quit().await;
             }
         }
@@ -972,10 +482,11 @@ mod tls {
         let certs = tempfile::tempdir().expect("tempdir");
         make_certificates(certs.path());
         let (_server, tls_port) = start_tls_server(certs.path());
-        let mut config = config(
+        let mut config = sharded_config(
             &format!("rediss://127.0.0.1:{tls_port}"),
             "sec-tls-untrusted",
             NotificationMode::Stream,
+            2,
         );
         config.connect_timeout = Duration::from_secs(3);
         let err = bounded("connect", LockClient::connect(config))

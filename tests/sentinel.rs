@@ -8,23 +8,14 @@ mod support;
 use std::time::Duration;
 
 use fredlock::{Config, Error, Lease, LockClient, NotificationMode};
-use support::init_tracing;
 use support::sentinel::SentinelSetup;
+use support::{init_tracing, MODES};
 
 /// Bound that only turns a hang into a failure; never a performance claim.
 const HANG: Duration = Duration::from_secs(90);
 
 fn config(setup: &SentinelSetup, mode: NotificationMode) -> Config {
-    let mut config = Config::new(setup.url());
-    config.notification = mode;
-    config.key_prefix = format!(
-        "sentinel-{}",
-        if mode == NotificationMode::Stream {
-            "stream"
-        } else {
-            "pubsub"
-        }
-    );
+    let mut config = support::config(setup, &format!("sentinel-{}", mode.as_str()), mode);
     config.watchdog_lease = Duration::from_secs(2);
     config.command_timeout = Duration::from_secs(2);
     config
@@ -35,7 +26,7 @@ async fn survive(setup: &mut SentinelSetup, failover: impl FnOnce(&mut SentinelS
     let mut clients = Vec::new();
     let mut guards = Vec::new();
     let mut waiters = Vec::new();
-    for mode in [NotificationMode::Stream, NotificationMode::PubSub] {
+    for mode in MODES {
         let holder = LockClient::connect(config(setup, mode)).await.unwrap();
         let waiter = LockClient::connect(config(setup, mode)).await.unwrap();
         for i in 0..4 {

@@ -30,7 +30,6 @@ use crate::measure::{
     histogram, measure_ping, now_us, processes_cpu_us, progress, ratio, sleep_until_wall,
     PingBracket, Summary,
 };
-use crate::options::mode_name;
 use crate::peers::{AnyLock, LockKind};
 use crate::redis::{command_stats, counter_key, plain_client, server_cpu_us, DEFAULT_SHARDS};
 use crate::run::ModeCtx;
@@ -276,6 +275,6 @@ pub fn subject(kind: LockKind, mode: NotificationMode) -> String {
     if kind.is_peer() {
         kind.label().to_owned()
     } else {
-        format!("{} ({})", kind.label(), mode_name(mode))
+        format!("{} ({})", kind.label(), mode.as_str())
     }
 }

@@ -192,10 +192,6 @@ pub fn parse_mode(text: &str) -> Result<NotificationMode, String> {
     }
 }
 
-pub fn mode_name(mode: NotificationMode) -> &'static str {
-    mode.as_str()
-}
-
 impl Args {
     /// `Ok(None)` for `--help`.
     pub fn parse(raw: Vec<String>) -> Result<Option<Args>, String> {

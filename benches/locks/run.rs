@@ -9,7 +9,7 @@ use crate::handoff::{run_handoff, HandoffResult};
 use crate::loop_stats::LoopResult;
 use crate::loops::{run_loop, run_rw, LoopSpec, RwResult};
 use crate::measure::{load_average, now_us, progress};
-use crate::options::{mode_name, Args, Scenario};
+use crate::options::{Args, Scenario};
 use crate::peers::LockKind;
 use crate::redis::{connect, delete_prefix, plain_client, redis_version};
 use crate::report;
@@ -37,7 +37,7 @@ pub struct ModeCtx<'a> {
 
 impl ModeCtx<'_> {
     pub fn name(&self) -> &'static str {
-        mode_name(self.mode)
+        self.mode.as_str()
     }
 }
 
@@ -152,7 +152,7 @@ pub async fn bench(args: &Args, url: &str) -> Result<bool, String> {
             args,
             url,
             mode,
-            prefix: format!("fredlock-bench-{}-{run_id}", mode_name(mode)),
+            prefix: format!("fredlock-bench-{}-{run_id}", mode.as_str()),
             holder_lease: HolderLease::Fixed,
         })
         .collect();
@@ -230,7 +230,7 @@ fn failed(
     progress(&format!(
         "{} {}: FAILED: {message}",
         scenario.name(),
-        mode.map_or("", mode_name)
+        mode.map_or("", NotificationMode::as_str)
     ));
     report.errors.push((scenario, mode, message));
 }

@@ -14,7 +14,6 @@ use serde_json::{json, Value as Json};
 use tokio::sync::mpsc;
 
 use crate::measure::{ms, ping_once, ping_summary, progress, ratio, round, Summary};
-use crate::options::mode_name;
 use crate::redis::{command_stats, connect, shutdown, wait_for_evalsha, HANG};
 use crate::run::ModeCtx;
 
@@ -71,7 +70,7 @@ impl S5Result {
             .iter()
             .map(|m| {
                 (
-                    mode_name(m.mode).to_owned(),
+                    m.mode.as_str().to_owned(),
                     json!({
                         "ping": m.ping_hot.json(),
                         "ping_after_idle": m.ping_idle.json(),
@@ -159,7 +158,7 @@ pub async fn run_s5(ctxs: &[ModeCtx<'_>]) -> Result<S5Result, String> {
         };
         progress(&format!(
             "s5 {}: wakeup latency p50 {:.1} µs = {:.2} × PING ({:.2} × idle PING), p99 {:.1} µs",
-            mode_name(mode.mode),
+            mode.mode.as_str(),
             mode.latency.p50,
             ratio(mode.latency.p50, mode.ping_hot.p50),
             ratio(mode.latency.p50, mode.ping_idle.p50),

@@ -14,7 +14,7 @@ use serde_json::{json, Value as Json};
 
 use crate::loop_stats::LoopResult;
 use crate::loops::{run_loop, subject, LoopSpec};
-use crate::options::{mode_name, Shape};
+use crate::options::Shape;
 use crate::peers::LockKind;
 use crate::run::ModeCtx;
 
@@ -51,7 +51,7 @@ impl S7Row {
             "processes": self.shape.processes,
             "tasks": self.shape.tasks,
             "lock": self.kind.name(),
-            "mode": self.mode.map(mode_name),
+            "mode": self.mode.map(NotificationMode::as_str),
             "result": self.result.json(),
         })
     }

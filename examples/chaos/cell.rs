@@ -14,7 +14,7 @@ use crate::options::{Options, WorkerOptions};
 use crate::process::{signal, Worker};
 use crate::report::{self, CellReport};
 use crate::resource::{self, Resource};
-use crate::scenario::{mode_name, LockKind, Scenario};
+use crate::scenario::{LockKind, Scenario};
 use crate::stats::{KindReport, KindStats, WorkerStats, MAX_SAMPLES};
 use crate::support::sentinel::SentinelSetup;
 use crate::support::RedisServer;
@@ -145,7 +145,7 @@ pub async fn run(options: Options) -> ExitCode {
             println!(
                 "== {} / {} ({} s)",
                 scenario.name(),
-                mode_name(*mode),
+                mode.as_str(),
                 options.seconds
             );
             match run_cell(*scenario, *mode, &options, &resource, &resource_admin).await {
@@ -154,11 +154,7 @@ pub async fn run(options: Options) -> ExitCode {
                     reports.push(cell);
                 }
                 Err(err) => {
-                    eprintln!(
-                        "cell {} / {} failed: {err}",
-                        scenario.name(),
-                        mode_name(*mode)
-                    );
+                    eprintln!("cell {} / {} failed: {err}", scenario.name(), mode.as_str());
                     return ExitCode::FAILURE;
                 }
             }
@@ -185,12 +181,7 @@ async fn run_cell(
         .await
         .map_err(|err| format!("admin connection: {err}"))?;
     println!("   lock server {lock_url}");
-    let prefix = format!(
-        "chaos-{}-{}-{}",
-        scenario.name(),
-        mode_name(mode),
-        unix_ms()
-    );
+    let prefix = format!("chaos-{}-{}-{}", scenario.name(), mode.as_str(), unix_ms());
     let lease = scenario.lease();
     // Workers connect during the first 1.5 s, then all start together.
     let start_ms = unix_ms() + 1500;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use fredlock::NotificationMode;
 
-use crate::scenario::{mode_name, parse_mode, Scenario};
+use crate::scenario::{parse_mode, Scenario};
 
 /// What the parent runs.
 pub struct Options {
@@ -142,7 +142,7 @@ impl Options {
             let names: Vec<&str> = self.scenarios.iter().map(|s| s.name()).collect();
             command.push_str(&format!(" --scenario {}", names.join(",")));
         }
-        let modes: Vec<&str> = self.modes.iter().map(|m| mode_name(*m)).collect();
+        let modes: Vec<&str> = self.modes.iter().map(|m| m.as_str()).collect();
         if modes != ["stream", "pubsub"] {
             command.push_str(&format!(" --modes {}", modes.join(",")));
         }
@@ -182,7 +182,7 @@ impl WorkerOptions {
             ("lock-url", self.lock_url.clone()),
             ("resource-url", self.resource_url.clone()),
             ("prefix", self.prefix.clone()),
-            ("mode", mode_name(self.mode).to_owned()),
+            ("mode", self.mode.as_str().to_owned()),
             ("lease-ms", self.lease.as_millis().to_string()),
             ("tasks", self.tasks.to_string()),
             ("start-ms", self.start_ms.to_string()),

@@ -9,7 +9,7 @@ use fredlock::NotificationMode;
 
 use crate::markdown;
 use crate::options::Options;
-use crate::scenario::{mode_name, Scenario};
+use crate::scenario::Scenario;
 use crate::stats::{KindReport, KindStats};
 use crate::support::redis_server_bin;
 
@@ -32,7 +32,7 @@ impl CellReport {
             let label = format!(
                 "{}/{}/{}",
                 self.scenario.name(),
-                mode_name(self.mode),
+                self.mode.as_str(),
                 k.kind.name()
             );
             (label, k)
@@ -93,7 +93,7 @@ fn kind_table<'a>(
                 out,
                 "| {} | {} | {} | {} |",
                 cell.scenario.name(),
-                mode_name(cell.mode),
+                cell.mode.as_str(),
                 k.kind.name(),
                 columns(cell, k).join(" | ")
             );
@@ -177,7 +177,7 @@ pub fn faults_table(reports: &[CellReport]) -> String {
             out,
             "| {} | {} | {} s | {}{} | {} |",
             cell.scenario.name(),
-            mode_name(cell.mode),
+            cell.mode.as_str(),
             cell.lease.as_secs_f32(),
             cell.workers_started,
             if cell.hung > 0 {

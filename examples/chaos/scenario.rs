@@ -205,10 +205,6 @@ impl LockKind {
     }
 }
 
-pub fn mode_name(mode: NotificationMode) -> &'static str {
-    mode.as_str()
-}
-
 pub fn parse_mode(name: &str) -> Option<NotificationMode> {
     match name {
         "stream" => Some(NotificationMode::Stream),

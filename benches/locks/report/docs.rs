@@ -7,7 +7,7 @@ use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::measure::{machine_json, progress};
-use crate::options::{mode_name, Args};
+use crate::options::Args;
 use crate::run::Report;
 
 /// The commit the bench was built from, `-dirty` when the library or the bench had changes.
@@ -78,7 +78,7 @@ fn command(args: &Args) -> String {
         cmd += &format!(" --scenario {}", names.join(","));
     }
     if args.modes.len() == 1 {
-        cmd += &format!(" --mode {}", mode_name(args.modes[0]));
+        cmd += &format!(" --mode {}", args.modes[0].as_str());
     }
     cmd + " --docs docs/benchmarks.md"
 }

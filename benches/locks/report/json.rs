@@ -7,7 +7,7 @@ use super::targets::targets;
 use crate::handoff::HandoffResult;
 use crate::loop_stats::LoopResult;
 use crate::measure::{machine_json, progress, ratio, round};
-use crate::options::{mode_name, Args};
+use crate::options::Args;
 use crate::run::Report;
 use crate::s1::S1Result;
 use crate::s3::S3Result;
@@ -17,7 +17,7 @@ pub fn write_json(args: &Args, report: &Report, version: &str) -> Result<(), Str
     fn per_mode<T>(list: &[(NotificationMode, T)], f: impl Fn(&T) -> Json) -> Json {
         Json::Object(
             list.iter()
-                .map(|(mode, r)| (mode_name(*mode).to_owned(), f(r)))
+                .map(|(mode, r)| (mode.as_str().to_owned(), f(r)))
                 .collect(),
         )
     }
@@ -99,7 +99,7 @@ pub fn write_json(args: &Args, report: &Report, version: &str) -> Result<(), Str
                 json!({
                     "scenario": row.scenario,
                     "target": row.label,
-                    "mode": mode_name(mode),
+                    "mode": mode.as_str(),
                     "value": value,
                     "met": met,
                 })
@@ -110,7 +110,7 @@ pub fn write_json(args: &Args, report: &Report, version: &str) -> Result<(), Str
         .errors
         .iter()
         .map(|(scenario, mode, message)| {
-            json!({ "scenario": scenario.name(), "mode": mode.map(mode_name), "error": message })
+            json!({ "scenario": scenario.name(), "mode": mode.map(NotificationMode::as_str), "error": message })
         })
         .collect();
     let doc = json!({
@@ -118,7 +118,7 @@ pub fn write_json(args: &Args, report: &Report, version: &str) -> Result<(), Str
         "quick": args.quick,
         "settings": {
             "scenarios": args.scenarios.iter().map(|s| s.name()).collect::<Vec<_>>(),
-            "modes": args.modes.iter().map(|m| mode_name(*m)).collect::<Vec<_>>(),
+            "modes": args.modes.iter().map(|m| m.as_str()).collect::<Vec<_>>(),
             "cycles": args.cycles,
             "warmup": args.warmup,
             "pings": args.pings,

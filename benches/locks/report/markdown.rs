@@ -9,7 +9,7 @@ use super::tables::{
 use crate::loop_stats::LoopResult;
 use crate::loops::{subject, RwResult};
 use crate::measure::{ratio, times_ping};
-use crate::options::{mode_name, Args};
+use crate::options::Args;
 use crate::peers::LockKind;
 use crate::run::Report;
 use crate::s1::S1Result;
@@ -86,7 +86,7 @@ pub fn markdown(args: &Args, report: &Report, version: &str) -> String {
             out += &format!(
                 "* {} {}: {message}\n",
                 scenario.name(),
-                mode.map_or("", mode_name)
+                mode.map_or("", NotificationMode::as_str)
             );
         }
     }
@@ -117,7 +117,7 @@ pub fn s1_table(args: &Args, results: &[(NotificationMode, S1Result)]) -> String
         out += &format!(
             "| {} | {:.1} | {:.1} | {:.1} | **{:.2}** | {naive} | {peers} | {:.2} | {:.1} | {:.1} \
              | {:.1} ({:.2}) | {:.2} ({:.1}) |\n",
-            mode_name(*mode),
+            mode.as_str(),
             ping,
             s1.cycle.p50,
             s1.cycle.p99,
@@ -226,7 +226,7 @@ pub fn rw_table(args: &Args, results: &[(NotificationMode, RwResult)]) -> String
             out += &format!(
                 "| {} | {label} | {:.1} | {:.0} | {:.3} | {} / {} | {} | {} | {} | {} | {:.1} ms \
                  ({}) | {:.0} / {:.0} | {} | {} / {} | {} |\n",
-                mode_name(*mode),
+                mode.as_str(),
                 l.ping.p50,
                 l.acq_per_s,
                 l.throughput_ratio(),

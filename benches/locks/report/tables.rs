@@ -7,7 +7,7 @@ use fredlock::NotificationMode;
 use super::targets::targets;
 use crate::handoff::{HandoffResult, HANDOFF_GAPS};
 use crate::measure::{ms, ratio, times_ping};
-use crate::options::{mode_name, Args};
+use crate::options::Args;
 use crate::run::{Report, LONG_LEASE};
 use crate::s3::{S3Result, S3_GAP, S3_PROCESSES, S3_WAITERS};
 use crate::s4::S4Result;
@@ -31,7 +31,7 @@ pub fn s3_table(
             ms | overlaps |\n|---|---|---|---|---|---|---|---|---|\n";
     let rows = results
         .iter()
-        .map(|(mode, r)| (mode_name(*mode), r))
+        .map(|(mode, r)| (mode.as_str(), r))
         .chain(peers.map(|r| ("–", r)));
     for (mode, r) in rows {
         for lock in r.kinds() {
@@ -80,7 +80,7 @@ pub fn handoff_table(results: &[(NotificationMode, HandoffResult)]) -> String {
             let x = |v: f64| times_ping(v, r.ping.p50);
             out += &format!(
                 "| {} | {} | {} | {:.1} | {} | {} | {} | {} | {} | {:.0} ms | {:.2} | {} |\n",
-                mode_name(*mode),
+                mode.as_str(),
                 case.waiters,
                 case.batches,
                 r.ping.p50,
@@ -117,7 +117,7 @@ pub fn s4_table(results: &[(NotificationMode, S4Result)]) -> String {
             out += &format!(
                 "| {} | {} | {:.1} | {} → {} → {} | **{}** | **{:.0} B** | {:.0} B | {} B | {} B \
                  | {:.2} s | {:.2} s |\n",
-                mode_name(*mode),
+                mode.as_str(),
                 c.waiters(),
                 c.num(&["ping", "p50_us"]),
                 c.num(&["connections", "baseline"]),
@@ -156,7 +156,7 @@ pub fn s5_table(r: &S5Result) -> String {
         };
         out += &format!(
             "| {} | {:.1} | {:.1} | **{}** | {} | {} | {} | {:.0} | {:.2} | {} |\n",
-            mode_name(m.mode),
+            m.mode.as_str(),
             m.ping_hot.p50,
             m.ping_idle.p50,
             x(m.latency.p50),
@@ -192,7 +192,7 @@ pub fn s6_table(results: &[(NotificationMode, S6Result)]) -> String {
             out += &format!(
                 "| {} | {} | {:.1} | {} | {} ms | {} | {} | **{}** ({}/{S6_WAITERS}) | {} | {} \
                  |\n",
-                mode_name(*mode),
+                mode.as_str(),
                 run.variant(),
                 r.ping.p50,
                 run.killed,
@@ -212,7 +212,7 @@ pub fn s6_table(results: &[(NotificationMode, S6Result)]) -> String {
 pub fn targets_table(args: &Args, report: &Report) -> String {
     let mut out = String::from("#### Targets\n\n| scenario | target |");
     for mode in &args.modes {
-        out += &format!(" {} |", mode_name(*mode));
+        out += &format!(" {} |", mode.as_str());
     }
     out += "\n|---|---|";
     out += &"---|".repeat(args.modes.len());

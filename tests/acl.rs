@@ -1,0 +1,366 @@
+//! A least-privilege ACL user against a real `redis-server` (the other security properties:
+//! `tests/security.rs`).
+//!
+//! # Minimal ACL user
+//!
+//! A client needs only the commands below, on keys and channels under its own prefix `P`
+//! (`{P:<shard>}:…` and `{P:layout}`). Every state change is a Lua script; Redis checks the
+//! commands a script calls against the caller's ACL too, so they are listed as well.
+//!
+//! ```text
+//! ACL SETUSER locker on >PASSWORD resetkeys ~{P:* resetchannels &{P:* -@all
+//!     +client|id +info                        # connection setup (fred)
+//!     +set +get                               # the layout record {P:layout}
+//!     +evalsha +eval                          # every lock operation is a script
+//!     +xread +xrevrange +client|unblock       # notifier, Stream mode
+//!     +subscribe                              # notifier, Pub/Sub mode
+//!     +del +exists +hdel +hexists +hget +hincrby +hmget +hset +incr +lindex +llen +lpop
+//!     +lrange +lrem +pexpire +pttl +publish +rpush +time +type +xadd +zadd +zcard +zcount
+//!     +zrange +zrangebyscore +zrem +zremrangebyscore +zscore   # called inside the scripts
+//! ```
+//!
+//! Add `+ssubscribe +spublish` on a Redis Cluster in Pub/Sub mode, `+wait` with
+//! `Config::replica_acks > 0`, `+select` for a database index in the URL. `AUTH`, `HELLO` and
+//! `QUIT` need no grant. [`ACL_COMMANDS`] is that list; `acl_list_covers_every_script_command`
+//! keeps it in step with `lua/`, and `acl_user_limited_to_its_prefix_runs_every_lock_kind`
+//! proves it sufficient (the server's `ACL LOG` stays empty while every lock kind acquires,
+//! waits, is woken, renews, extends, times out, force-unlocks and shuts down in both
+//! notification modes).
+//!
+//! With such a user a client configured for another prefix fails to connect with
+//! [`Error::Permission`] (the `NOPERM` reply to the layout record), and nothing outside the prefix
+//! can be read or written, not even from a script.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use fred::interfaces::{ClientLike, KeysInterface, LuaInterface};
+use fredlock::{Error, LockClient, LostCause, NotificationMode};
+use support::{
+    bounded, connect, mutex_handoff, rwlock_handoff, sharded_config, shutdown, RedisServer, Resp,
+    MODES,
+};
+
+/// Commands (ACL names, lower case) a least-privilege user needs; see the module docs.
+const ACL_COMMANDS: &[&str] = &[
+    // connection setup: fred caches the connection id (for CLIENT UNBLOCK) and server version
+    "client|id",
+    "info",
+    // layout record
+    "set",
+    "get",
+    // scripts
+    "evalsha",
+    "eval",
+    // notifier
+    "xread",
+    "xrevrange",
+    "client|unblock",
+    "subscribe",
+    // inside the scripts
+    "del",
+    "exists",
+    "hdel",
+    "hexists",
+    "hget",
+    "hincrby",
+    "hmget",
+    "hset",
+    "incr",
+    "lindex",
+    "llen",
+    "lpop",
+    "lrange",
+    "lrem",
+    "pexpire",
+    "pttl",
+    "publish",
+    "rpush",
+    "time",
+    "type",
+    "xadd",
+    "zadd",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zrangebyscore",
+    "zrem",
+    "zremrangebyscore",
+    "zscore",
+];
+
+/// Commands only some deployments need (cluster Pub/Sub, replica acks, database index).
+const ACL_CONDITIONAL: &[&str] = &["ssubscribe", "spublish", "wait", "select"];
+
+/// Every command a script calls (`redis.call('X'` / `redis.pcall('X'`), lower case.
+fn script_commands() -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read lua dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).expect("read script");
+            for call in ["redis.call(", "redis.pcall("] {
+                for (at, _) in source.match_indices(call) {
+                    let rest = &source[at + call.len()..];
+                    let name = rest
+                        .strip_prefix('\'')
+                        .or_else(|| rest.strip_prefix('"'))
+                        .and_then(|r| r.split(['\'', '"']).next())
+                        .unwrap_or_else(|| {
+                            panic!("{}: a command name that is not a literal", path.display())
+                        });
+                    found.insert(name.to_ascii_lowercase());
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn acl_list_covers_every_script_command() {
+    let granted: BTreeSet<&str> = ACL_COMMANDS
+        .iter()
+        .chain(ACL_CONDITIONAL)
+        .copied()
+        .collect();
+    let called = script_commands();
+    assert!(
+        called.len() > 10,
+        "found too few commands in lua/: {called:?}"
+    );
+    let missing: Vec<&String> = called
+        .iter()
+        .filter(|c| !granted.contains(c.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "scripts call commands the documented ACL lacks: {missing:?}"
+    );
+}
+
+/// The oldest server that has everything [`acl_setuser`] needs: ACL users (6.0) with channel
+/// rules (`&pattern`, 6.2).
+const ACL_VERSION: (u32, u32, u32) = (6, 2, 0);
+const ACL_WHY: &str = "ACL users with channel rules";
+
+/// `ACL SETUSER` arguments for a user confined to `{prefix:*` with [`ACL_COMMANDS`].
+fn acl_setuser(user: &str, password: &str, prefix: &str) -> Vec<String> {
+    let mut args: Vec<String> = ["ACL", "SETUSER", user, "reset", "on"]
+        .map(str::to_owned)
+        .into();
+    args.push(format!(">{password}"));
+    args.push(format!("~{{{prefix}:*"));
+    args.push(format!("&{{{prefix}:*"));
+    args.push("-@all".to_owned());
+    args.extend(ACL_COMMANDS.iter().map(|c| format!("+{c}")));
+    args
+}
+
+fn create_acl_user(server: &RedisServer, user: &str, password: &str, prefix: &str) {
+    let args = acl_setuser(user, password, prefix);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(server.cmd(&args), Resp::Simple("OK".into()), "{args:?}");
+    server.cmd(&["ACL", "LOG", "RESET"]);
+}
+
+/// `ACL LOG` entries as `reason/context/object/username` strings.
+fn acl_log(server: &RedisServer) -> Vec<String> {
+    server
+        .cmd(&["ACL", "LOG", "128"])
+        .as_array()
+        .iter()
+        .map(|entry| {
+            let fields: Vec<String> = entry
+                .as_array()
+                .iter()
+                .map(|f| f.as_str_opt().unwrap_or_default())
+                .collect();
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|kv| kv[0] == name)
+                    .map(|kv| kv[1].clone())
+                    .unwrap_or_default()
+            };
+            format!(
+                "{}/{}/{}/{}",
+                field("reason"),
+                field("context"),
+                field("object"),
+                field("username")
+            )
+        })
+        .collect()
+}
+
+/// A user granted only [`ACL_COMMANDS`] on `{acl:*` runs every lock kind through acquisition,
+/// waiting, event wakeups, renewal, extension, timeouts, force-unlock and shutdown in both
+/// notification modes, and the server records no permission failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
+    if !support::requires(ACL_VERSION, ACL_WHY) {
+        return;
+    }
+    let server = RedisServer::start();
+    create_acl_user(&server, "locker", "pw-acl", "acl");
+    let url = format!("redis://locker:pw-acl@127.0.0.1:{}", server.port());
+    for mode in MODES {
+        // Both prefixes are under `{acl:*`; two because a prefix fixes its notification mode.
+        let prefix = format!("acl:{}", mode.as_str());
+        let mut config = sharded_config(&url, &prefix, mode, 2);
+        config.waiter_lease = Duration::from_millis(300);
+        let holder = connect(config.clone()).await;
+        let waiter = connect(config).await;
+
+        for fair in [false, true] {
+            let name = if fair { "acl-fair" } else { "acl-mutex" };
+            let make = |client: &LockClient| {
+                if fair {
+                    client.fair_mutex(name).map(fredlock::Mutex::from)
+                } else {
+                    client.mutex(name)
+                }
+                .expect("mutex")
+            };
+            mutex_handoff(&make(&holder), &make(&waiter), &waiter).await;
+        }
+        rwlock_handoff(
+            &holder.rwlock("acl-rw").expect("rwlock"),
+            &waiter.rwlock("acl-rw").expect("rwlock"),
+            &waiter,
+        )
+        .await;
+
+        // A hold released by shutdown.
+        let kept = bounded("lock", holder.mutex("acl-kept").expect("m").lock())
+            .await
+            .expect("lock");
+        shutdown(&holder).await;
+        assert_eq!(kept.lost_cause(), Some(LostCause::Shutdown));
+        shutdown(&waiter).await;
+        let log = acl_log(&server);
+        assert!(log.is_empty(), "{mode:?}: permission failures: {log:#?}");
+        assert!(!server.keys(&format!("{{{prefix}:*")).is_empty());
+    }
+    // Nothing outside the prefix was written.
+    let outside: Vec<String> = server
+        .keys("*")
+        .into_iter()
+        .filter(|k| !k.starts_with("{acl:"))
+        .collect();
+    assert!(outside.is_empty(), "keys outside the prefix: {outside:?}");
+}
+
+/// The same user cannot start a client under another prefix (typed error, nothing written),
+/// nor read, write or script keys outside its prefix, nor run admin commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_refuses_other_prefixes_and_keys() {
+    if !support::requires(ACL_VERSION, ACL_WHY) {
+        return;
+    }
+    let server = RedisServer::start();
+    create_acl_user(&server, "locker", "pw-acl", "acl");
+    let url = format!("redis://locker:pw-acl@127.0.0.1:{}", server.port());
+    server.cmd(&["SET", "outside", "untouched"]);
+
+    for mode in MODES {
+        let err = bounded(
+            "connect",
+            LockClient::connect(sharded_config(&url, "other", mode, 2)),
+        )
+        .await
+        .expect_err("a prefix outside the ACL must be refused");
+        // NOPERM is not an authentication failure: the credentials are fine.
+        assert!(matches!(err, Error::Permission(_)), "{mode:?}: {err:?}");
+        assert!(format!("{err}").contains("NOPERM"), "{err}");
+        eprintln!(
+            "[{}] prefix outside the ACL: {err} / {err:?}",
+            mode.as_str()
+        );
+        let log = acl_log(&server);
+        assert!(
+            log.iter()
+                .any(|e| e.contains("{other:layout}") && e.ends_with("/locker")),
+            "{log:?}"
+        );
+        server.cmd(&["ACL", "LOG", "RESET"]);
+    }
+    assert!(server.keys("{other*").is_empty(), "{:?}", server.keys("*"));
+
+    let locks = connect(sharded_config(&url, "acl", NotificationMode::Stream, 2)).await;
+    let redis = locks.redis();
+    let denied = |what: &str, result: Result<fred::types::Value, fred::error::Error>| {
+        let err = result.expect_err(what);
+        // NOPERM for the command itself; a script's own calls fail with a script error whose
+        // wording depends on the server: Redis "... can't access at least one of the keys
+        // ...", Valkey 9 "ERR ACL failure in script: No permissions to access a key ...".
+        let details = err.details();
+        assert!(
+            [
+                "NOPERM",
+                "can't access",
+                "No permissions to access",
+                "ACL failure"
+            ]
+            .iter()
+            .any(|marker| details.contains(marker)),
+            "{what}: {err:?}"
+        );
+    };
+    denied("GET outside", redis.get("outside").await);
+    denied(
+        "SET outside",
+        redis.set("outside", "x", None, None, false).await,
+    );
+    denied("DEL outside", redis.del("outside").await);
+    denied(
+        "a script writing outside",
+        redis
+            .eval(
+                "return redis.call('SET', KEYS[1], 'x')",
+                vec!["outside"],
+                (),
+            )
+            .await,
+    );
+    denied(
+        "a script with an undeclared key outside",
+        redis
+            .eval("return redis.call('DEL', 'outside')", vec!["{acl:0}:x"], ())
+            .await,
+    );
+    for admin in [&["FLUSHALL"][..], &["KEYS", "*"], &["CONFIG", "GET", "*"]] {
+        let (name, args) = admin.split_first().expect("command");
+        let command = fred::types::CustomCommand::new(
+            name.to_string(),
+            fred::types::ClusterHash::Random,
+            false,
+        );
+        let args: Vec<fred::types::Value> = args.iter().map(|a| (*a).into()).collect();
+        denied(name, redis.custom(command, args).await);
+    }
+    assert_eq!(
+        server.cmd(&["GET", "outside"]).as_str().as_deref(),
+        Some("untouched")
+    );
+    // A lock name cannot escape the prefix: its keys stay inside `{acl:…}`.
+    let guard = bounded("lock", locks.mutex("}:outside{").expect("m").lock())
+        .await
+        .expect("a strange name still works within the prefix");
+    drop(guard);
+    shutdown(&locks).await;
+    let outside: Vec<String> = server
+        .keys("*")
+        .into_iter()
+        .filter(|k| !k.starts_with("{acl:") && k != "outside")
+        .collect();
+    assert!(outside.is_empty(), "{outside:?}");
+}

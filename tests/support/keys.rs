@@ -1,0 +1,105 @@
+//! The documented key layout, and reads of the keys through the assertion client: for tests
+//! that check what the library wrote.
+
+use super::{RedisServer, Resp};
+
+/// 32-bit FNV-1a, as documented for the shard of a lock name.
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for &b in bytes {
+        hash ^= u32::from(b);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
+}
+
+/// The documented key names of mutex `name`.
+pub struct MutexKeys {
+    pub tag: String,
+    pub hold: String,
+    /// The fence key of the lock's shard (shared by every lock of the shard).
+    pub fence: String,
+    pub wait: String,
+}
+
+pub fn mutex_keys(prefix: &str, shards: u16, name: &str) -> MutexKeys {
+    let shard = fnv1a32(name.as_bytes()) % u32::from(shards);
+    let tag = format!("{{{prefix}:{shard}}}");
+    MutexKeys {
+        hold: format!("{tag}:mutex:{name}"),
+        fence: format!("{tag}:fence"),
+        wait: format!("{tag}:mutex.wait:{name}"),
+        tag,
+    }
+}
+
+/// The layout record of a key prefix.
+pub fn layout_key(prefix: &str) -> String {
+    format!("{{{prefix}:layout}}")
+}
+
+/// Whether `key` is the liveness marker of one client of `prefix`:
+/// `{P:layout}:client:<16 hex digits>`.
+pub fn is_client_marker(prefix: &str, key: &str) -> bool {
+    key.strip_prefix(&format!("{}:client:", layout_key(prefix)))
+        .is_some_and(|tag| tag.len() == 16 && tag.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A shard fence key's value, `"<last token>|<layout stamp>"`, split (panics on any other
+/// shape).
+pub fn fence_value(server: &RedisServer, fence: &str) -> (u64, String) {
+    let value = server
+        .cmd(&["GET", fence])
+        .as_str()
+        .unwrap_or_else(|| panic!("fence key {fence:?} missing"));
+    let (last, stamp) = value
+        .split_once('|')
+        .unwrap_or_else(|| panic!("fence key {fence:?} holds {value:?}"));
+    let last = last
+        .parse()
+        .unwrap_or_else(|e| panic!("fence key {fence:?} holds {value:?}: {e}"));
+    (last, stamp.to_owned())
+}
+
+/// The owner field of a hold hash (None when free or only a tombstone is left).
+pub fn hold_owner(server: &RedisServer, hold: &str) -> Option<String> {
+    server.cmd(&["HGET", hold, "o"]).as_str()
+}
+
+/// The owner, count and fencing token fields of a hold hash.
+pub fn hold_fields(server: &RedisServer, hold: &str) -> Vec<Option<String>> {
+    server
+        .cmd(&["HMGET", hold, "o", "c", "f"])
+        .as_array()
+        .iter()
+        .map(Resp::as_str)
+        .collect()
+}
+
+pub fn exists(server: &RedisServer, key: &str) -> bool {
+    server.cmd(&["EXISTS", key]).as_int() == 1
+}
+
+/// One field of an `INFO` section.
+pub fn info_field(server: &RedisServer, section: &str, field: &str) -> String {
+    let info = server.cmd(&["INFO", section]).as_str().expect("INFO reply");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("INFO {section} has no {field}"))
+        .trim()
+        .to_owned()
+}
+
+/// The type, value and TTL of `key`, to compare before and after.
+pub fn snapshot(server: &RedisServer, key: &str) -> Resp {
+    let kind = server.cmd(&["TYPE", key]);
+    let value = match kind.as_str().as_deref() {
+        Some("string") => server.cmd(&["GET", key]),
+        Some("list") => server.cmd(&["LRANGE", key, "0", "-1"]),
+        Some("hash") => server.cmd(&["HGETALL", key]),
+        Some("set") => server.cmd(&["SMEMBERS", key]),
+        _ => Resp::Bulk(None),
+    };
+    let ttl = server.cmd(&["PTTL", key]);
+    Resp::Array(Some(vec![kind, value, ttl]))
+}

@@ -1,0 +1,167 @@
+//! The test kit: what the integration tests share beyond the servers themselves — the
+//! notification modes to run under, a [`Config`] builder, bounded waits and a checked connect.
+//!
+//! Bounded waits ([`bounded`], [`eventually`], [`eventually_async`]) only turn hangs into
+//! failures; no test asserts how long anything took.
+
+use std::future::Future;
+use std::time::Duration;
+
+use fredlock::{Config, Error, LockClient, NotificationMode};
+
+use super::cluster::RedisCluster;
+use super::sentinel::SentinelSetup;
+use super::RedisServer;
+
+/// Every notification mode, for the tests that run once per mode.
+pub const MODES: [NotificationMode; 2] = [NotificationMode::Stream, NotificationMode::PubSub];
+
+/// Generous bound that only catches hangs.
+pub const HANG: Duration = Duration::from_secs(30);
+
+/// Interval of the polls in [`eventually`] and [`eventually_async`].
+const POLL: Duration = Duration::from_millis(10);
+
+/// What a test connects to: a URL, or a server (cluster, Sentinel setup) that knows its own.
+pub trait Target {
+    fn url(&self) -> String;
+}
+
+impl Target for str {
+    fn url(&self) -> String {
+        self.to_owned()
+    }
+}
+
+impl Target for String {
+    fn url(&self) -> String {
+        self.clone()
+    }
+}
+
+impl Target for RedisServer {
+    fn url(&self) -> String {
+        RedisServer::url(self)
+    }
+}
+
+impl Target for RedisCluster {
+    fn url(&self) -> String {
+        RedisCluster::url(self)
+    }
+}
+
+impl Target for SentinelSetup {
+    fn url(&self) -> String {
+        SentinelSetup::url(self)
+    }
+}
+
+/// The default configuration for `target`, with key prefix `prefix` and notification `mode`;
+/// tests set any other field on the result.
+pub fn config(target: &(impl Target + ?Sized), prefix: &str, mode: NotificationMode) -> Config {
+    let mut config = Config::new(target.url());
+    config.key_prefix = prefix.to_owned();
+    config.notification = mode;
+    config
+}
+
+/// [`config`] with `shards` shards and 5 s connect and command timeouts (the defaults today,
+/// stated so that the tests that rely on them do not change with the defaults).
+pub fn sharded_config(
+    target: &(impl Target + ?Sized),
+    prefix: &str,
+    mode: NotificationMode,
+    shards: u16,
+) -> Config {
+    let mut config = config(target, prefix, mode);
+    config.shards = shards;
+    config.connect_timeout = Duration::from_secs(5);
+    config.command_timeout = Duration::from_secs(5);
+    config
+}
+
+/// The mode named by [`NotificationMode::as_str`] (worker processes get it as a string).
+pub fn parse_mode(name: &str) -> NotificationMode {
+    MODES
+        .into_iter()
+        .find(|mode| mode.as_str() == name)
+        .unwrap_or_else(|| panic!("unknown notification mode {name:?}"))
+}
+
+/// `fut`'s output; panics if it takes longer than [`HANG`].
+pub async fn bounded<F: Future>(what: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(HANG, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: no answer within {HANG:?} (hang)"),
+    }
+}
+
+/// Polls `cond` until it holds; panics after [`HANG`].
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + HANG;
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: condition not reached within {HANG:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// [`eventually`] for an asynchronous check.
+pub async fn eventually_async<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + HANG;
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: condition not reached within {HANG:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A connected client; panics (showing the configuration, whose Debug hides passwords) if the
+/// connection fails or hangs.
+pub async fn connect(config: Config) -> LockClient {
+    let shown = format!("{config:?}");
+    bounded("connect", LockClient::connect(config))
+        .await
+        .unwrap_or_else(|e| panic!("connect with {shown}: {e}"))
+}
+
+/// Display and Debug of an error must work and say something; returns the Display text.
+pub fn shown(err: &Error) -> String {
+    let text = err.to_string();
+    eprintln!("[observed] {err:?} => {text}");
+    assert!(!text.is_empty(), "empty Display for {err:?}");
+    assert!(!format!("{err:?}").is_empty());
+    text
+}
+
+/// A TCP listener that accepts connections and never answers (nor closes them): its port, and
+/// the task to abort when done.
+pub async fn blackhole() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind blackhole");
+    let port = listener.local_addr().expect("addr").port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    (port, task)
+}
+
+/// Shuts `client` down; panics if that fails or hangs.
+pub async fn shutdown(client: &LockClient) {
+    bounded("shutdown", client.shutdown())
+        .await
+        .expect("shutdown");
+}
