@@ -11,8 +11,8 @@ use std::time::Duration;
 use fredlock::{
     Config, Error, Lease, LockClient, LostCause, NotHeldReason, NotificationMode, Owner,
 };
-use support::{init_tracing, RedisServer};
 use support::{connect, eventually_async, HANG, MODES};
+use support::{init_tracing, RedisServer};
 
 fn config(server: &RedisServer, mode: NotificationMode, prefix: &str) -> Config {
     support::config(server, &format!("{prefix}-{}", mode.as_str()), mode)

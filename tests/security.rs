@@ -467,7 +467,7 @@ mod tls {
             mutex_handoff(&fair(&holder), &fair(&waiter), &waiter).await;
 
             for client in [&holder, &waiter] {
-                shutdown(&client).await;
+                shutdown(client).await;
                 let _ = client.redis().quit().await;
             }
         }
