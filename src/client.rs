@@ -100,6 +100,9 @@ impl Core {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value> {
+        if script.issues_tokens() {
+            return self.run_fenced(script, lock, keys, args).await;
+        }
         let first_key = keys.first().cloned().unwrap_or_default();
         self.call(script, keys, args)
             .await
@@ -111,7 +114,7 @@ impl Core {
     /// lost data, or the shard's first use), the layout record is verified (recorded again if
     /// it is gone) and the script runs once more, allowed to create the key. A fence key of
     /// another layout refuses this client ([`Error::LayoutMismatch`]).
-    pub(crate) async fn run_fenced(
+    async fn run_fenced(
         &self,
         script: &Script,
         lock: &str,

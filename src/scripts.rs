@@ -24,6 +24,9 @@ pub(crate) struct Script {
     name: &'static str,
     body: String,
     sha: String,
+    /// Whether the script issues fencing tokens (it uses `lua/lib/fence.lua`): its last
+    /// argument is then the fence argument, which [`crate::client::Core::run`] appends.
+    issues_tokens: bool,
 }
 
 impl Script {
@@ -37,7 +40,18 @@ impl Script {
         }
         body.push_str(source);
         let sha = fred::util::sha1_hash(&body);
-        Script { name, body, sha }
+        let issues_tokens = libraries.contains(&FENCE);
+        Script {
+            name,
+            body,
+            sha,
+            issues_tokens,
+        }
+    }
+
+    /// Whether the script issues fencing tokens and takes the fence argument last.
+    pub(crate) fn issues_tokens(&self) -> bool {
+        self.issues_tokens
     }
 
     /// The script's file name without extension (for errors and traces).

@@ -473,22 +473,6 @@ fn queue_order_breaks(log: &[Vec<String>]) -> usize {
         .count()
 }
 
-/// The last token recorded in a fence key (`"<last>|<layout>"`), and its stamp.
-fn fence_last(server: &RedisServer, fence: &str) -> (i64, String) {
-    let value = server
-        .cmd(&["GET", fence])
-        .as_str()
-        .unwrap_or_else(|| panic!("no fence key {fence}"));
-    let (last, stamp) = value
-        .split_once('|')
-        .unwrap_or_else(|| panic!("{fence}: {value:?}"));
-    (
-        last.parse()
-            .unwrap_or_else(|e| panic!("{fence}: {value:?}: {e}")),
-        stamp.to_owned(),
-    )
-}
-
 /// In a real client, a queued waiter's `lock()` returns on the grant event alone: its client
 /// runs no script for it after joining the queue. The granted hold (shorter than the lease, at
 /// most the waiter lease) is then topped up to the full lease: for a watchdog lease and for a
@@ -550,7 +534,10 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
                 guard.fencing_token()
             );
             let fence = format!("{{{prefix}:0}}:fence");
-            assert_eq!(fence_last(&server, &fence).0, guard.fencing_token() as i64);
+            assert_eq!(
+                support::fence_value(&server, &fence).0,
+                guard.fencing_token()
+            );
             let stats = waiter_client.stats();
             assert_eq!(
                 (stats.attempts, stats.granted),

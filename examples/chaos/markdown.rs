@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::options::Options;
 use crate::report::{data_loss_table, faults_table, results_table, CellReport};
@@ -95,7 +95,7 @@ pub fn render(
          * Commit: {}\n\
          * Run time: {:.0} s; {} s per scenario and notification mode; {} worker processes x \
          {} tasks per lock type\n",
-        today(),
+        crate::support::utc_date(),
         commit(),
         elapsed.as_secs_f64(),
         options.seconds,
@@ -150,25 +150,6 @@ pub fn render(
     let _ = writeln!(doc, "## Faults injected\n\n{}", faults_table(reports));
     doc.push_str(&observations(reports));
     doc
-}
-
-/// The run's date, `YYYY-MM-DD` (UTC).
-fn today() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    // Days to civil date (Howard Hinnant's algorithm).
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
 }
 
 /// The commit the suite was built from, and whether the tree had uncommitted changes.

@@ -17,7 +17,7 @@ use crate::engine::{Attempt, BoxFuture, Driver, Released};
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::lock::{
-    acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_fenced_ints,
+    acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call,
 };
 use crate::notify::WaitKind;
 use crate::owner::Owner;
@@ -80,14 +80,7 @@ impl Driver for FairDriver {
             .extra([core.inbox_tag.as_ref().into()]);
             let keys = self.script_keys().through(Key::Alive);
             let script: &Script = &SCRIPTS.fair_acquire;
-            let reply = run_fenced_ints(
-                &self.client,
-                script,
-                self.keys.name(),
-                keys,
-                args.into_vec(),
-            )
-            .await?;
+            let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
             acquire_reply(&self.client, script, &reply)
         })
     }
@@ -100,8 +93,7 @@ impl Driver for FairDriver {
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
         let args = release_call(&self.client, owner, token, op, all)
-            .events(self.client.core().event_args(&self.keys))
-            .extra([self.client.core().layout.fence_arg(false)]);
+            .events(self.client.core().event_args(&self.keys));
         let keys = self.script_keys().through(Key::Alive);
         Box::pin(release_with(
             &self.client,
@@ -119,7 +111,7 @@ impl Driver for FairDriver {
             &self.keys,
             &SCRIPTS.fair_force_unlock,
             keys,
-            vec![self.client.core().layout.fence_arg(false)],
+            vec![],
         ))
     }
 

@@ -93,6 +93,18 @@ impl Acquirer {
     }
 }
 
+/// Runs a script of the lock `lock` with its KEYS and ARGV, and decodes its integer-array
+/// reply.
+pub(crate) async fn run_call(
+    client: &LockClient,
+    lock: &LockKeys,
+    script: &Script,
+    script_keys: Vec<String>,
+    args: ScriptArgs,
+) -> Result<Vec<i64>> {
+    run_ints(client, script, lock.name(), script_keys, args.into_vec()).await
+}
+
 /// Runs a script for a lock and decodes its integer-array reply.
 pub(crate) async fn run_ints(
     client: &LockClient,
@@ -102,19 +114,6 @@ pub(crate) async fn run_ints(
     args: Vec<Value>,
 ) -> Result<Vec<i64>> {
     let reply = client.core().run(script, lock, keys, args).await?;
-    int_array(script.name(), reply)
-}
-
-/// Runs a script that issues fencing tokens (see [`crate::client::Core::run_fenced`]) and
-/// decodes its integer-array reply.
-pub(crate) async fn run_fenced_ints(
-    client: &LockClient,
-    script: &Script,
-    lock: &str,
-    keys: Vec<String>,
-    args: Vec<Value>,
-) -> Result<Vec<i64>> {
-    let reply = client.core().run_fenced(script, lock, keys, args).await?;
     int_array(script.name(), reply)
 }
 
@@ -192,7 +191,7 @@ pub(crate) async fn release_with(
     script_keys: Vec<String>,
     args: ScriptArgs,
 ) -> Result<Released> {
-    let reply = run_ints(client, script, keys.name(), script_keys, args.into_vec()).await?;
+    let reply = run_call(client, keys, script, script_keys, args).await?;
     release_reply(script, &reply)
 }
 
@@ -207,7 +206,7 @@ pub(crate) async fn force_unlock_with(
     let args = ScriptArgs::no_call()
         .events(client.core().event_args(keys))
         .extra(extra);
-    let reply = run_ints(client, script, keys.name(), script_keys, args.into_vec()).await?;
+    let reply = run_call(client, keys, script, script_keys, args).await?;
     flag_reply(script, &reply)
 }
 

@@ -15,8 +15,8 @@ use crate::lease::Lease;
 use crate::lock::fair::FairDriver;
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
-    acquire_reply, force_unlock_with, inspect, release_call, release_with, run_fenced_ints,
-    Acquirer, LockState,
+    acquire_reply, force_unlock_with, inspect, release_call, release_with, run_call, Acquirer,
+    LockState,
 };
 use crate::notify::{Bid, WaitKind};
 use crate::owner::Owner;
@@ -282,8 +282,7 @@ impl MutexDriver {
         };
         let args = release_call(&self.client, owner, token, op, all)
             .events(self.client.core().event_args(&self.keys))
-            .extra(successor)
-            .extra([self.client.core().layout.fence_arg(false)]);
+            .extra(successor);
         release_with(
             &self.client,
             &self.keys,
@@ -330,14 +329,8 @@ impl Driver for MutexDriver {
                 if waiting { grace } else { 0 },
             )
             .extra([if others { "1" } else { "0" }.into()]);
-            let reply = run_fenced_ints(
-                &self.client,
-                script,
-                self.keys.name(),
-                self.script_keys().through(Key::Fence),
-                args.into_vec(),
-            )
-            .await?;
+            let keys = self.script_keys().through(Key::Fence);
+            let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
             acquire_reply(&self.client, script, &reply)
         })
     }

@@ -17,8 +17,8 @@ use crate::keys::LockKeys;
 use crate::lease::Lease;
 use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
-    acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_fenced_ints,
-    run_ints, Acquirer,
+    acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call, run_ints,
+    Acquirer,
 };
 use crate::notify::WaitKind;
 use crate::owner::Owner;
@@ -285,14 +285,7 @@ impl Driver for RwDriver {
             .extra([self.retry_window_ms().into()]);
             let keys = self.script_keys().through(Key::Alive);
             let script = &SCRIPTS.rw_acquire;
-            let reply = run_fenced_ints(
-                &self.client,
-                script,
-                self.keys.name(),
-                keys,
-                args.into_vec(),
-            )
-            .await?;
+            let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
             if reply.first() == Some(&-2) {
                 return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
             }

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::measure::{machine_json, progress};
 use crate::options::Args;
@@ -37,23 +36,6 @@ fn commit() -> String {
         Some(changes) if changes.is_empty() => head,
         _ => format!("{head}-dirty"),
     }
-}
-
-/// Today (UTC) as `YYYY-MM-DD` (civil-from-days, proleptic Gregorian).
-fn today() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
 }
 
 fn rustc_version() -> String {
@@ -122,7 +104,7 @@ pub fn write(
             exactly; this page gives the figures of that run, the targets and whether they were \
             met. Nothing here is edited by hand: run the command below to refresh it.\n\n";
     out += "## Run\n\n| | |\n|---|---|\n";
-    out += &format!("| date (UTC) | {} |\n", today());
+    out += &format!("| date (UTC) | {} |\n", crate::support::utc_date());
     out += &format!("| fredlock commit | `{}` |\n", commit());
     out += &format!("| CPU | {} × {} |\n", machine["nproc"], text("cpu_model"));
     out += &format!("| memory | {} GiB |\n", machine["memory_gib"]);
