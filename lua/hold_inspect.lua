@@ -7,7 +7,7 @@
 fl_expect(KEYS[1], 'hash')
 local hold = KEYS[1]
 local fields = redis.call('HMGET', hold, 'o', 'c', 'f')
-if not fields[1] then
+if not fields[1] or fields[1] == '' then
   return {0, 0, 0, -2}
 end
 return {1, tonumber(fields[2]) or 0, tonumber(fields[3]) or 0, redis.call('PTTL', hold)}

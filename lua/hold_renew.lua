@@ -18,7 +18,7 @@ local codes = {}
 for i, hold in ipairs(KEYS) do
   local fields = redis.call('HMGET', hold, 'o', 'f')
   local owner, token = ARGV[2 * i], ARGV[2 * i + 1]
-  if not fields[1] then
+  if not fields[1] or fields[1] == '' then
     codes[i] = 0
   elseif fields[1] ~= owner then
     codes[i] = -1

@@ -42,14 +42,10 @@ pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
     /// Acquired (or re-entered) with this fencing token. `lasts`: the hold expires sooner
-    /// than the requested lease (a fair release granted it, `lua/lib/fair.lua`).
+    /// than the requested lease (a release granted it, `lua/lib/hold.lua`).
     Acquired { token: u64, lasts: Option<Duration> },
-    /// Someone else holds the lock for at most `ttl` more (None: unknown). `server_ms`: the
-    /// server clock when the script ran, if it says (to date a later grant).
-    Busy {
-        ttl: Option<Duration>,
-        server_ms: Option<u64>,
-    },
+    /// Someone else holds the lock for at most `ttl` more (None: unknown).
+    Busy { ttl: Option<Duration> },
 }
 
 /// The answer of one release.
@@ -130,10 +126,15 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn waiter_prefix(&self) -> &'static str {
         ""
     }
-    /// For locks that queue waiters in Redis: this lock's script keys (its kind and its group
-    /// in the batched heartbeat, `lua/queue_heartbeat.lua`).
+    /// For locks whose queued waiters the client's heartbeat keeps alive: this lock's script
+    /// keys (its kind and its group in the batched heartbeat, `lua/queue_heartbeat.lua`).
     fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
         None
+    }
+    /// Whether a waiting attempt that fails joins a queue in Redis, which the waiter must
+    /// leave ([`Driver::abandon`]) when it gives up.
+    fn waits_in_redis(&self) -> bool {
+        self.wait_queue().is_some()
     }
     /// Leaves the Redis-side wait queue after a timeout or cancellation. Default: nothing.
     fn abandon(self: Arc<Self>, _waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
@@ -227,8 +228,8 @@ async fn acquire_loop(
     let mut op = op_id();
     // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
     let mut woken = false;
-    // When the last busy attempt was sent, and the server clock it reported: dates a grant.
-    let mut clock: Option<(Instant, u64)> = None;
+    // When the last busy attempt was sent: a grant read later happened after it.
+    let mut last_busy: Option<Instant> = None;
 
     loop {
         let sent_at = Instant::now();
@@ -250,12 +251,10 @@ async fn acquire_loop(
                 );
                 return guard.await.map(Some);
             }
-            Ok(Attempt::Busy { ttl, server_ms }) => {
+            Ok(Attempt::Busy { ttl }) => {
                 retry.reset();
                 op = op_id();
-                if let Some(server_ms) = server_ms {
-                    clock = Some((sent_at, server_ms));
-                }
+                last_busy = Some(sent_at);
                 if waiting {
                     queued.joined();
                 }
@@ -322,7 +321,7 @@ async fn acquire_loop(
             return guard.await.map(Some);
         }
         let granted = registration.granted();
-        if let Some((at, lasts)) = granted.and_then(|g| grant_times(clock, g)) {
+        if let Some((at, lasts)) = granted.and_then(|g| grant_times(last_busy, g)) {
             let token = granted.map_or(0, |granted| granted.token);
             tracing::trace!(token, "granted by the release");
             let core = driver.client().core();
@@ -419,22 +418,16 @@ async fn take_up(
     Ok(LockGuard::new(hold, client))
 }
 
-/// When a granted hold began in local time, and how long it lasts from then, from the server
-/// times of the grant and of this waiter's last busy attempt (`clock`: when it was sent, and
-/// the server time it reported). The server read its clock after the attempt was sent, so the
-/// grant began at least `at_ms - server_ms` after `sent`. None (ask Redis instead) without a
-/// clock, when less than half of the granted time is left (a late event or a paused
-/// process), and for a grant older than the last busy attempt: that attempt found the lock
-/// held by another owner, so the grant had run out (or been freed) by then.
-fn grant_times(clock: Option<(Instant, u64)>, granted: Granted) -> Option<(Instant, Duration)> {
-    let (sent, server_ms) = clock?;
-    if granted.at_ms < server_ms {
-        return None;
-    }
-    let now = Instant::now();
-    let at = (sent + Duration::from_millis(granted.at_ms.saturating_sub(server_ms))).min(now);
+/// When a granted hold began in local time (at the latest), and how long it lasts from then.
+/// A grant read after this waiter's last busy attempt came back happened after that attempt
+/// was sent (`last_busy`): a grant made before the attempt ran would have been its answer
+/// (`lua/hold_acquire.lua`). So dating it from then is safe: the hold lasts at least that long.
+/// None (ask Redis instead) without a busy attempt, and when less than half of the granted
+/// time is left by that count (a waiter that queued long ago, a late event, a paused process).
+fn grant_times(last_busy: Option<Instant>, granted: Granted) -> Option<(Instant, Duration)> {
+    let at = last_busy?;
     let lasts = Duration::from_millis(granted.lasts_ms);
-    let left = (at + lasts).saturating_duration_since(now);
+    let left = (at + lasts).saturating_duration_since(Instant::now());
     (left >= lasts / 2 && !lasts.is_zero()).then_some((at, lasts))
 }
 
@@ -686,12 +679,14 @@ impl QueuedInRedis {
     /// The attempt failed while waiting: the waiter is in the queue now (if the lock type
     /// queues), so the heartbeat must keep it alive.
     fn joined(&mut self) {
-        if !self.joined && self.driver.wait_queue().is_some() {
+        if !self.joined && self.driver.waits_in_redis() {
             self.joined = true;
-            self.driver
-                .client()
-                .queued()
-                .join(self.waiter.clone(), self.driver.clone());
+            if self.driver.wait_queue().is_some() {
+                self.driver
+                    .client()
+                    .queued()
+                    .join(self.waiter.clone(), self.driver.clone());
+            }
         }
     }
 
@@ -737,27 +732,19 @@ impl Drop for QueuedInRedis {
 mod tests {
     use super::*;
 
-    fn grant(at_ms: u64, lasts_ms: u64) -> Granted {
-        Granted {
-            token: 7,
-            at_ms,
-            lasts_ms,
-        }
+    fn grant(lasts_ms: u64) -> Granted {
+        Granted { token: 7, lasts_ms }
     }
 
     #[tokio::test]
-    async fn a_grant_is_dated_from_the_last_busy_attempt_and_refused_when_stale() {
+    async fn a_grant_is_dated_from_the_last_busy_attempt() {
         let sent = Instant::now();
-        // Granted 5 ms (server time) after the busy attempt ran: it began no earlier than
-        // 5 ms after that attempt was sent.
-        let (at, lasts) = grant_times(Some((sent, 1_000)), grant(1_005, 3_000)).unwrap();
-        assert!(at >= sent && at <= sent + Duration::from_millis(5));
+        let (at, lasts) = grant_times(Some(sent), grant(3_000)).unwrap();
+        assert_eq!(at, sent);
         assert_eq!(lasts, Duration::from_millis(3_000));
-        // No clock to date it: ask Redis.
-        assert_eq!(grant_times(None, grant(1_005, 3_000)), None);
-        // Older than the last busy attempt: that attempt found another owner, so this grant
-        // had run out or been freed by then (a process paused past its grant, then re-queued).
-        assert_eq!(grant_times(Some((sent, 2_000)), grant(1_005, 3_000)), None);
+        // No busy attempt to date it: ask Redis.
+        assert_eq!(grant_times(None, grant(3_000)), None);
+        assert_eq!(grant_times(Some(sent), grant(0)), None);
     }
 
     #[tokio::test]
@@ -765,7 +752,7 @@ mod tests {
         let Some(sent) = Instant::now().checked_sub(Duration::from_millis(2_500)) else {
             return; // a clock too young to go back 2.5 s
         };
-        // 3 s granted right after the attempt, read 2.5 s later: under half is left.
-        assert_eq!(grant_times(Some((sent, 1_000)), grant(1_000, 3_000)), None);
+        // 3 s granted, dated from an attempt 2.5 s ago: under half is left.
+        assert_eq!(grant_times(Some(sent), grant(3_000)), None);
     }
 }

@@ -24,8 +24,8 @@ pub(crate) struct Script {
     name: &'static str,
     body: String,
     sha: String,
-    /// Whether the script issues fencing tokens (it uses `lua/lib/fence.lua`): its last
-    /// argument is then the fence argument, which [`crate::client::Core::run`] appends.
+    /// Whether the script issues fencing tokens (its header declares the fence argument): its
+    /// last argument is then the fence argument, which [`crate::client::Core::run`] appends.
     issues_tokens: bool,
 }
 
@@ -40,7 +40,10 @@ impl Script {
         }
         body.push_str(source);
         let sha = fred::util::sha1_hash(&body);
-        let issues_tokens = libraries.contains(&FENCE);
+        let issues_tokens = source
+            .lines()
+            .take_while(|line| line.starts_with("--"))
+            .any(|line| line.starts_with("-- ARGV[") && line.contains("] fence "));
         Script {
             name,
             body,
@@ -88,7 +91,6 @@ const NOTIFY: &str = include_str!("../lua/lib/notify.lua");
 const HOLD: &str = include_str!("../lua/lib/hold.lua");
 const QUEUE: &str = include_str!("../lua/lib/queue.lua");
 const RW: &str = include_str!("../lua/lib/rw.lua");
-const FAIR: &str = include_str!("../lua/lib/fair.lua");
 const FENCE: &str = include_str!("../lua/lib/fence.lua");
 
 macro_rules! scripts {
@@ -116,7 +118,6 @@ macro_rules! scripts {
             ("hold", HOLD),
             ("queue", QUEUE),
             ("rw", RW),
-            ("fair", FAIR),
             ("fence", FENCE),
         ];
 
@@ -130,14 +131,13 @@ macro_rules! scripts {
 }
 
 scripts! {
-    mutex_acquire: [HOLD, FENCE],
-    mutex_release: [HOLD, FENCE, NOTIFY],
-    mutex_force_unlock: [HOLD, NOTIFY],
-    fair_acquire: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
-    fair_release: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
+    hold_acquire: [FENCE, HOLD],
+    hold_release: [FENCE, HOLD],
+    hold_leave: [FENCE, HOLD],
+    hold_force_unlock: [FENCE, HOLD],
+    inbox_keep: [],
     queue_leave: [QUEUE, NOTIFY, RW],
     queue_heartbeat: [QUEUE, NOTIFY, RW],
-    fair_force_unlock: [HOLD, FENCE, QUEUE, NOTIFY, FAIR],
     rw_acquire: [FENCE, QUEUE, NOTIFY, RW],
     rw_release: [QUEUE, NOTIFY, RW],
     rw_renew: [QUEUE, NOTIFY, RW],
@@ -298,6 +298,13 @@ impl ScriptArgs {
         args
     }
 
+    /// Sets the retry window (ms) at its place in the call section, in a script without a
+    /// call (`hold_leave`, `hold_force_unlock`: where the lock ends up free).
+    pub(crate) fn window(mut self, window_ms: i64) -> Self {
+        self.0[4] = window_ms.into();
+        self
+    }
+
     /// The event arguments (mode, stream cap, lock id), right after the call.
     pub(crate) fn events(mut self, events: Vec<Value>) -> Self {
         debug_assert_eq!(
@@ -355,7 +362,7 @@ mod tests {
                 "{file}: header"
             );
             let library =
-                ["check", "notify", "hold", "queue", "rw", "fair", "fence"].contains(file);
+                ["check", "notify", "hold", "queue", "rw", "fence"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");
@@ -424,7 +431,7 @@ mod tests {
     /// ARGV layout); their fixed KEYS entries are checked all the same.
     #[test]
     fn every_script_header_follows_the_canonical_order() {
-        let libraries = ["check", "notify", "hold", "queue", "rw", "fair", "fence"];
+        let libraries = ["check", "notify", "hold", "queue", "rw", "fence"];
         for (file, source) in SOURCES {
             if libraries.contains(file) {
                 continue;

@@ -157,6 +157,15 @@ pub(crate) async fn check_after_loss(core: &Core, reason: &'static str) {
     if let Err(error) = set_marker(core).await {
         tracing::debug!(%error, "cannot write the marker key");
     }
+    if core.config.notification == crate::config::NotificationMode::Stream {
+        // The loss took the inboxes too: without them no release grants this client a lock.
+        let inboxes: Vec<String> = (0..core.keyspace.event_shards())
+            .map(|shard| core.keyspace.inbox(shard, &core.inbox_tag))
+            .collect();
+        if let Err(error) = crate::notify::stream::keep_inboxes(&core.redis, &inboxes).await {
+            tracing::warn!(%error, "could not create the inboxes again");
+        }
+    }
     let holds = core.holds.len();
     verify_holds(core).await;
     tracing::debug!(reason, holds, "holds checked");

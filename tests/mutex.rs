@@ -12,7 +12,7 @@ use fredlock::{
     Config, Error, Lease, LockClient, LostCause, NotHeldReason, NotificationMode, Owner,
 };
 use support::{connect, eventually_async, HANG, MODES};
-use support::{init_tracing, RedisServer};
+use support::{fence_value, find_hold, hold_owner, init_tracing, queued_waiters, RedisServer};
 
 fn config(server: &RedisServer, mode: NotificationMode, prefix: &str) -> Config {
     support::config(server, &format!("{prefix}-{}", mode.as_str()), mode)
@@ -326,16 +326,15 @@ async fn dropped_lock_futures_leave_nothing_behind() {
         assert_eq!(state.hold_count, 1, "the holder is untouched");
         assert_eq!(state.fencing_token, Some(holder.fencing_token()));
         holder.unlock().await.unwrap();
-        // The release deleted the waiter marker; only the shard's fence key (kept forever) and
-        // the short-lived tombstone remain.
         // Attempts of the aborted waiters that were still in flight finish in the background
-        // (and release whatever they obtained); once they settle, no marker is left.
-        let wait_key = format!("{{{prefix}:0}}:mutex.wait:queue");
+        // (and leave the queue, or release whatever they obtained); once they settle, nobody
+        // is queued.
+        let hold_key = format!("{{{prefix}:0}}:mutex:queue");
         eventually_async("aborted attempts finished", || async {
             locks.stats().orphaned_attempts == 0
         })
         .await;
-        assert_eq!(server.cmd(&["EXISTS", &wait_key]).as_int(), 0);
+        assert_eq!(queued_waiters(&server, &hold_key), Vec::<String>::new());
         assert!(!mutex.is_locked().await.unwrap());
 
         // 2. Futures dropped while their acquire script is in flight, on a free lock: any hold
@@ -358,8 +357,8 @@ async fn dropped_lock_futures_leave_nothing_behind() {
         assert!(!mutex.is_locked().await.unwrap());
         assert_eq!(locks.stats().held, 0);
         assert_eq!(locks.stats().waiting, 0);
-        let hold_key = format!("{{{prefix}:0}}:mutex:queue");
-        assert_eq!(server.cmd(&["HEXISTS", &hold_key, "o"]).as_int(), 0);
+        assert_eq!(hold_owner(&server, &hold_key), None);
+        assert_eq!(queued_waiters(&server, &hold_key), Vec::<String>::new());
         let again = mutex.try_lock().await.unwrap().expect("lock is free");
         again.unlock().await.unwrap();
         locks.shutdown().await.unwrap();
@@ -367,7 +366,7 @@ async fn dropped_lock_futures_leave_nothing_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn try_lock_leaves_no_waiter_marker() {
+async fn try_lock_does_not_queue() {
     init_tracing();
     let server = RedisServer::start();
     let mut cfg = config(&server, NotificationMode::Stream, "trylock");
@@ -377,8 +376,8 @@ async fn try_lock_leaves_no_waiter_marker() {
     let mutex = locks.mutex("x").unwrap();
     let held = mutex.lock().await.unwrap();
     assert!(mutex.try_lock().await.unwrap().is_none());
-    let wait_key = format!("{{{prefix}:0}}:mutex.wait:x");
-    assert_eq!(server.cmd(&["EXISTS", &wait_key]).as_int(), 0);
+    let hold_key = format!("{{{prefix}:0}}:mutex:x");
+    assert_eq!(queued_waiters(&server, &hold_key), Vec::<String>::new());
     let events = format!("{{{prefix}:events}}");
     held.unlock().await.unwrap();
     assert_eq!(
@@ -686,11 +685,12 @@ async fn a_release_hands_the_lock_to_a_waiting_task_of_the_same_client() {
             let mutex = mutex.clone();
             tokio::spawn(async move { mutex.lock().await })
         };
-        // Until its attempt has run in Redis (the busy answer sets the waiters marker); counting
-        // attempts is not enough: one counted may still be on its way, and a hand-over that
-        // reaches Redis first is then answered to that attempt, not delivered by the release.
-        let marker = format!("{{handover-{}:*}}:mutex.wait:cohort", mode as u8);
-        while server.keys(&marker).is_empty() {
+        // Until its attempt has run in Redis (the busy answer queues it); counting attempts
+        // is not enough: one counted may still be on its way, and a hand-over that reaches
+        // Redis first is then answered to that attempt, not delivered by the release.
+        let prefix = format!("handover-{}", mode as u8);
+        let hold_key = find_hold(&server, &prefix, "mutex", "cohort").expect("the hold");
+        while queued_waiters(&server, &hold_key).is_empty() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let token = holder.fencing_token();
@@ -700,24 +700,12 @@ async fn a_release_hands_the_lock_to_a_waiting_task_of_the_same_client() {
             .unwrap()
             .unwrap()
             .unwrap();
-        assert!(
-            guard.fencing_token() > token,
-            "{mode:?}: handed token {} after {token}",
-            guard.fencing_token()
-        );
-        // The hand-over took the shard's next token: the fence key records it as the last.
-        let holds = server.keys(&format!("{{handover-{}:*}}:mutex:cohort", mode as u8));
-        assert_eq!(holds.len(), 1, "{holds:?}");
-        let tag = &holds[0][..=holds[0].find('}').expect("a hash tag")];
-        let fence = server
-            .cmd(&["GET", &format!("{tag}:fence")])
-            .as_str()
-            .expect("the shard's fence key");
-        assert_eq!(
-            fence.split_once('|').map(|(last, _)| last),
-            Some(guard.fencing_token().to_string().as_str()),
-            "{mode:?}: {fence}"
-        );
+        // The hand-over continues the hold's token; only the first take read the shard's
+        // fence key, which records that first token.
+        assert_eq!(guard.fencing_token(), token + 1, "{mode:?}");
+        let tag = &hold_key[..=hold_key.find('}').expect("a hash tag")];
+        let (last, _) = fence_value(&server, &format!("{tag}:fence"));
+        assert_eq!(last, token, "{mode:?}");
         let stats = locks.stats();
         assert_eq!((stats.attempts, stats.handed_over), (2, 1), "{mode:?}");
 

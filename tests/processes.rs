@@ -119,11 +119,10 @@ async fn wait_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bo
     }
 }
 
-/// Whether the "someone may be waiting" marker of mutex `lock` exists (any shard).
-fn waiter_marker_exists(server: &RedisServer, prefix: &str, lock: &str) -> bool {
-    !server
-        .keys(&format!("{{{prefix}:*}}:mutex.wait:{lock}"))
-        .is_empty()
+/// Whether anyone is queued for mutex `lock` (any shard).
+fn anyone_queued(server: &RedisServer, prefix: &str, lock: &str) -> bool {
+    find_hold(server, prefix, "mutex", lock)
+        .is_some_and(|hold| !queued_waiters(server, &hold).is_empty())
 }
 
 fn int_or_zero(reply: Resp) -> i64 {
@@ -441,7 +440,7 @@ async fn holder_sigkill(mode: NotificationMode) {
     };
     // The waiter has made at least one attempt (the marker is its trace) and waits.
     wait_until("the waiter waits", HANG, || {
-        locks.stats().waiting == 1 && waiter_marker_exists(&server, &prefix, lock)
+        locks.stats().waiting == 1 && anyone_queued(&server, &prefix, lock)
     })
     .await;
     // Let the holder's watchdog renew at least once after the waiter's attempt, so the lease
@@ -612,7 +611,7 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
             && stats.waiting_locks == names.len()
             && names
                 .iter()
-                .all(|name| waiter_marker_exists(&server, &prefix, name))
+                .all(|name| anyone_queued(&server, &prefix, name))
     })
     .await;
 
@@ -753,7 +752,7 @@ async fn cross_process_release(mode: NotificationMode) {
         })
     };
     wait_until("the waiter waits", HANG, || {
-        locks.stats().waiting == 1 && waiter_marker_exists(&server, &prefix, lock)
+        locks.stats().waiting == 1 && anyone_queued(&server, &prefix, lock)
     })
     .await;
     let wakeups_before = locks.stats().wakeups;

@@ -1,44 +1,61 @@
--- hold.lua: library prelude for every lock whose hold is one owner's reentrant hash, prepended
--- by src/scripts.rs. Not a script of its own.
+-- hold.lua: library prelude for the exclusive locks (barging and fair), prepended by
+-- src/scripts.rs. Not a script of its own.
 --
--- A hold is a hash {o = owner id, c = hold count, f = fencing token, r = last op id, and
--- x = the op ids of the latest releases that freed the lock before this hold, newest first,
--- joined by ",", as many as fit in 64 bytes (two of the crate's op ids; more would take the
--- hash out of Redis's compact listpack encoding, which costs every take and release ~2 us)}.
--- After the last release the hash is replaced by a tombstone {r, x} that lives a few seconds,
--- so that a retried release (same op id) is still answered "released"; the next take keeps r
--- and x as its x. So a release re-sent after other owners already took (and freed) the lock
--- meanwhile (the client re-sends the commands of a broken connection, which takes a
--- reconnect: hand-offs are faster) is still answered "released", not "held by another". The
--- token comes from the shard's fence key (lib/fence.lua).
+-- One hash per lock (KEYS[1], the hold) is the lock's whole state, so that the hot paths read
+-- it with one HMGET and write it with one HSET (and one PEXPIRE):
+--   o  owner id of the holder; "" or absent when the lock is free
+--   c  hold count (re-entry depth)
+--   f  fencing token of the hold; while free, of the last hold (the next take continues it)
+--   l  lease (ms) the holder asked for: how long a waiter may sleep before it looks again
+--   r  op id of the last applied call (for a grant or a hand-over: the new holder's waiter id)
+--   x  op ids of the releases that freed the lock lately, newest first, ","-joined, at most 64
+--      bytes (two op ids: more would take the hash out of Redis's compact listpack encoding)
+--   h  hand-overs in a row to a waiter of the releasing process (barging mutex)
+--   q  the wait queue, one line per waiter: "<waiter id> <inbox tag> <owner id> <lease ms>
+--      <grant ms>\n" (ids never contain spaces or newlines: owner ids are printable ASCII
+--      without space, waiter ids hex, inbox tags alphanumeric)
+-- Every write sets the hash's ttl to the holder's lease; a lock freed with nobody queued stays
+-- a tombstone {o = "", f, r, x} for the retry window, so that a retried release (same op id,
+-- re-sent by the client after a broken connection) is answered "released", and a take within
+-- the window continues the token. The queue lives in the hold: it expires with it (a holder
+-- that died takes the queue with it; its waiters look again when its lease ends, which is the
+-- bound every busy reply gives them, and queue again in the order they come back).
 --
--- fl_freed_chain(op, older)  -> op followed by the ids of the list older (or false), as many
---                               as fit in 64 bytes (op at least)
--- fl_tomb_chain(r, x)        -> the x a take keeps from a tombstone {r, x}: false for none
--- fl_take(hold, token, owner, op, lease, freed_by) -> {1, token, 1}
---   Takes a free hold for owner with the fencing token `token` (a decimal string, from
---   fl_fence_next in lib/fence.lua) and a lease in ms. freed_by: the x to
---   keep (the ids of the releases that freed it), false for none (nil: read it from the
---   tombstone, if any). The hash is written over, not deleted first: a free hold is missing or
---   a tombstone with only r and x.
--- fl_reenter(hold, owner, op, lease)              -> {1, token, count}
---   Adds one level of re-entry (owner must hold it); a retried op is answered, not re-applied;
---   the lease is raised to `lease` if it is shorter.
--- fl_release(hold, owner, token, op, all, tomb, hand_over, prepare) -> status, holds left
---   status: 'partial' (holds left > 0), 'freed' (the hold is gone now), 'retried' (this op was
---   already applied), 'absent' (nobody holds it), 'other' (another owner or token holds it).
---   prepare (optional): called only when the release will free the lock, before its first
---   write, so it can read (and type-check) the keys hand_over will write; its result is passed
---   to hand_over.
---   hand_over (optional): called with the x to keep (op first, fl_freed_chain) and prepare's
---   result once the hold is deleted; when it returns true it took the hold over for someone
---   else (keeping that x), and no tombstone is written.
---   Its first access to the hold is HMGET, a typed read before any write: a foreign value under
---   the hold key raises WRONGTYPE with nothing changed.
--- fl_release_reply(status, left)                  -> the reply of a release script:
---   {1, holds left} released, {0, 0} not held, {-1, 0} held by another owner or token.
+-- Tokens: a take of a lock with no hash takes max(last + 1, server clock in us) from the
+-- shard's fence key (lib/fence.lua); every take, grant or hand-over while the hash exists
+-- continues with f + 1. A chain of f + 1 steps starts from the clock and moves one per take,
+-- slower than the clock (a take lasts far more than 1 us), so the next take from the fence is
+-- above it too (docs/design.md, fencing).
+--
+-- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, h, q}, with o = false when
+--                                      free (HMGET: a typed read, so a foreign value under the
+--                                      hold key fails with WRONGTYPE before any write)
+-- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
+-- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
+--                                      fence's refusal (a take of a lock with no hash)
+-- fl_hold_write(hold, owner, token, lease, r, x, h, q) writes a new hold; returns token
+-- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
+-- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
+-- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
+-- fl_grant_next(hold, fields, q, x, events, mode, lock_id) -> true when granted
+--   Grants the lock to the first waiter of q whose client is there to hear it, dropping the
+--   others: writes the hold in the waiter's name (token f + 1, for its grant ms, h = 0), and
+--   sends the event "0|grant|<waiter>,<token>,<grant ms>|<lock id>" to its client's inbox
+--   "<events>:to:<inbox tag>" (a stream capped near 100 entries, or a channel; sequence 0: an
+--   inbox is not numbered). A
+--   client is there when its inbox stream exists (its reader keeps it, `lua/inbox_keep.lua`)
+--   or, in pub/sub modes, when the publish reached a subscriber. False when nobody was left.
+-- fl_free(hold, op, x, window) leaves the tombstone of a freed lock
+local function fl_hold_read(hold)
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'h', 'q')
+  if v[1] == '' then
+    v[1] = false
+  end
+  return v
+end
+
 local function fl_freed_chain(op, older)
-  if not older then
+  if not older or older == '' then
     return op
   end
   local chain = op .. ',' .. older
@@ -55,78 +72,100 @@ local function fl_freed_chain(op, older)
   end
 end
 
-local function fl_tomb_chain(r, x)
-  if r then
-    return fl_freed_chain(r, x)
+local function fl_hold_token(fields, fence, fence_arg)
+  if fields[3] then
+    return fl_fence_text(tonumber(fields[3]) + 1)
   end
-  return x or false
+  local last, refusal = fl_fence_read(fence, fence_arg)
+  if not last then
+    return nil, refusal
+  end
+  return fl_fence_next(fence, fence_arg, last)
 end
 
-local function fl_take(hold, token, owner, op, lease, freed_by)
-  if freed_by == nil then
-    local tomb = redis.call('HMGET', hold, 'r', 'x')
-    freed_by = fl_tomb_chain(tomb[1], tomb[2])
-  end
-  if freed_by then
-    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op, 'x', freed_by)
-  else
-    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'r', op)
-  end
+local function fl_hold_write(hold, owner, token, lease, r, x, h, q)
+  redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
+    'h', h, 'q', q)
   redis.call('PEXPIRE', hold, lease)
-  return {1, tonumber(token), 1}
+  return token
 end
 
-local function fl_reenter(hold, owner, op, lease)
-  local token = tonumber(redis.call('HGET', hold, 'f'))
-  if redis.call('HGET', hold, 'r') == op then
-    return {1, token, tonumber(redis.call('HGET', hold, 'c'))}
+local function fl_reenter(hold, fields, owner, op, lease)
+  local token, count = tonumber(fields[3]), tonumber(fields[2])
+  if fields[5] == op then
+    return {1, token, count}
   end
-  local count = redis.call('HINCRBY', hold, 'c', 1)
-  redis.call('HSET', hold, 'r', op)
+  redis.call('HSET', hold, 'c', count + 1, 'r', op)
   if redis.call('PTTL', hold) < lease then
     redis.call('PEXPIRE', hold, lease)
   end
-  return {1, token, count}
+  return {1, token, count + 1}
 end
 
-local function fl_release(hold, owner, token, op, all, tomb, hand_over, prepare)
-  local fields = redis.call('HMGET', hold, 'o', 'c', 'f', 'r', 'x')
-  local current, count, held_token, last_op = fields[1], tonumber(fields[2]), fields[3], fields[4]
-  if last_op == op then
-    return 'retried', count or 0
+local function fl_queue_find(q, waiter)
+  if not q or q == '' then
+    return nil
   end
-  if fields[5] and string.find(',' .. fields[5] .. ',', ',' .. op .. ',', 1, true) then
-    return 'retried', 0
-  end
-  if not current then
-    return 'absent', 0
-  end
-  if current ~= owner or held_token ~= token then
-    return 'other', 0
-  end
-  if all ~= '1' and count > 1 then
-    redis.call('HSET', hold, 'c', count - 1, 'r', op)
-    return 'partial', count - 1
-  end
-  local prepared = prepare and prepare()
-  -- DEL first: it is never refused under maxmemory, so a release always frees the lock.
-  redis.call('DEL', hold)
-  if not (hand_over and hand_over(fl_freed_chain(op, fields[5]), prepared)) then
-    if fields[5] then
-      redis.call('HSET', hold, 'r', op, 'x', fields[5])
-    else
-      redis.call('HSET', hold, 'r', op)
+  local line = waiter .. ' '
+  local at
+  if string.sub(q, 1, #line) == line then
+    at = 1
+  else
+    at = string.find(q, '\n' .. line, 1, true)
+    if not at then
+      return nil
     end
-    redis.call('PEXPIRE', hold, tomb)
+    at = at + 1
   end
-  return 'freed', 0
+  return at, string.find(q, '\n', at, true)
 end
 
-local function fl_release_reply(status, left)
-  if status == 'absent' then
-    return {0, 0}
-  elseif status == 'other' then
-    return {-1, 0}
+local function fl_queue_without(q, waiter)
+  local from, to = fl_queue_find(q, waiter)
+  if not from then
+    return q or '', false
   end
-  return {1, left}
+  return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
+end
+
+local function fl_deliver(inbox, mode, maxlen, payload)
+  if mode == 'stream' then
+    if redis.call('EXISTS', inbox) == 0 then
+      return false
+    end
+    local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', maxlen, '*', 'e', payload)
+    return type(added) ~= 'table' or not added.err
+  end
+  local command = 'PUBLISH'
+  if mode == 'spubsub' then
+    command = 'SPUBLISH'
+  end
+  return redis.call(command, inbox, payload) > 0
+end
+
+local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
+  local token = tonumber(fields[3])
+  while q ~= '' do
+    local stop = string.find(q, '\n', 1, true)
+    local line = string.sub(q, 1, stop - 1)
+    q = string.sub(q, stop + 1)
+    local waiter, inbox, owner, lease, lasts =
+      string.match(line, '^(%S+) (%S+) (%S+) (%d+) (%d+)$')
+    if waiter then
+      local text = fl_fence_text(token + 1)
+      local payload = '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. '|' .. lock_id
+      if fl_deliver(events .. ':to:' .. inbox, mode, 100, payload) then
+        redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lease, 'r', waiter,
+          'x', x, 'h', 0, 'q', q)
+        redis.call('PEXPIRE', hold, tonumber(lasts))
+        return true
+      end
+    end
+  end
+  return false
+end
+
+local function fl_free(hold, op, x, window)
+  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'h', 0, 'q', '')
+  redis.call('PEXPIRE', hold, window)
 end

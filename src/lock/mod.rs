@@ -4,7 +4,6 @@
 //! This module also holds what the drivers share: the handle core ([`Acquirer`]) and the
 //! decoding of the replies that all hold-based scripts give.
 
-pub(crate) mod fair;
 pub(crate) mod guard;
 pub(crate) mod mutex;
 pub(crate) mod redlock;
@@ -124,8 +123,8 @@ fn unexpected(script: &Script, reply: &[i64]) -> Error {
     }
 }
 
-/// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script), and the fair lock's
-/// `{1, token, count, remaining ms}` (a granted hold) and `{0, ttl, server ms}`.
+/// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script), and
+/// `{1, token, count, remaining ms}` (a hold granted or handed to the caller already).
 pub(crate) fn acquire_reply(
     client: &LockClient,
     script: &Script,
@@ -142,11 +141,6 @@ pub(crate) fn acquire_reply(
         }),
         [0, ttl] => Ok(Attempt::Busy {
             ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
-            server_ms: None,
-        }),
-        [0, ttl, server_ms] => Ok(Attempt::Busy {
-            ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
-            server_ms: Some(server_ms.max(0) as u64),
         }),
         _ => Err(unexpected(script, reply)),
     }
@@ -195,17 +189,14 @@ pub(crate) async fn release_with(
     release_reply(script, &reply)
 }
 
-/// Runs a force-unlock script (ARGV: no call, the event arguments, then `extra`).
+/// Runs a force-unlock script with its arguments.
 pub(crate) async fn force_unlock_with(
     client: &LockClient,
     keys: &LockKeys,
     script: &Script,
     script_keys: Vec<String>,
-    extra: Vec<Value>,
+    args: ScriptArgs,
 ) -> Result<bool> {
-    let args = ScriptArgs::no_call()
-        .events(client.core().event_args(keys))
-        .extra(extra);
     let reply = run_call(client, keys, script, script_keys, args).await?;
     flag_reply(script, &reply)
 }

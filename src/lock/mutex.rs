@@ -12,11 +12,10 @@ use crate::engine::{Attempt, BoxFuture, Driver, Released};
 use crate::error::Result;
 use crate::keys::LockKeys;
 use crate::lease::Lease;
-use crate::lock::fair::FairDriver;
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
-    acquire_reply, force_unlock_with, inspect, release_call, release_with, run_call, Acquirer,
-    LockState,
+    acquire_reply, flag_reply, force_unlock_with, inspect, release_call, release_with, run_call,
+    Acquirer, LockState,
 };
 use crate::notify::{Bid, WaitKind};
 use crate::owner::Owner;
@@ -134,7 +133,11 @@ impl Handle {
 impl Mutex {
     pub(crate) fn barging(client: LockClient, name: &str) -> Result<Mutex> {
         let keys = client.keyspace().lock("mutex", name)?;
-        let driver = MutexDriver { keys, client };
+        let driver = ExclusiveDriver {
+            keys,
+            client,
+            fair: false,
+        };
         Ok(Mutex(Handle {
             inner: Acquirer::new(Arc::new(driver)),
             fair: false,
@@ -154,8 +157,13 @@ impl Mutex {
 impl FairMutex {
     pub(crate) fn new(client: LockClient, name: &str) -> Result<FairMutex> {
         let keys = client.keyspace().lock("fair", name)?;
+        let driver = ExclusiveDriver {
+            keys,
+            client,
+            fair: true,
+        };
         Ok(FairMutex(Handle {
-            inner: Acquirer::new(Arc::new(FairDriver::new(client, keys))),
+            inner: Acquirer::new(Arc::new(driver)),
             fair: true,
         }))
     }
@@ -246,23 +254,31 @@ macro_rules! mutex_handle {
 mutex_handle!(Mutex, MutexGuard);
 mutex_handle!(FairMutex, FairMutexGuard);
 
-/// Keys and scripts of one barging mutex. Key names are built per call rather than stored:
-/// a handle per lock stays small (thousands of locks), and a script call allocates its key
-/// strings anyway.
-pub(crate) struct MutexDriver {
+/// Keys and scripts of one exclusive lock, barging ([`Mutex`]) or fair ([`FairMutex`]): both
+/// run the `hold_*` scripts (`lua/lib/hold.lua`), whose hash keeps the hold and the queue.
+/// Key names are built per call rather than stored: a handle per lock stays small (thousands
+/// of locks), and a script call allocates its key strings anyway.
+pub(crate) struct ExclusiveDriver {
     client: LockClient,
     keys: LockKeys,
+    /// FIFO across all waiters: no hand-over to a waiter of the releasing process.
+    fair: bool,
 }
 
-/// The barging mutex's own key (`KEYS[2]` of its scripts): the waiter marker.
+/// The `KEYS[2]` of the `hold_*` scripts (unused by them: the canonical order keeps its place).
 const OWN: &str = "wait";
 
-impl MutexDriver {
+impl ExclusiveDriver {
     fn script_keys(&self) -> ScriptKeys<'_> {
         ScriptKeys::new(&self.keys, OWN)
     }
 
-    /// `lua/mutex_release.lua`, handing the lock to `successor` if it frees it.
+    /// The retry window (tombstone ttl) in ms.
+    fn window_ms(&self) -> i64 {
+        self.client.core().tombstone_ttl().as_millis() as i64
+    }
+
+    /// `lua/hold_release.lua`, handing the lock to `successor` if it frees it.
     async fn release_script(
         &self,
         owner: &Owner,
@@ -286,15 +302,15 @@ impl MutexDriver {
         release_with(
             &self.client,
             &self.keys,
-            &SCRIPTS.mutex_release,
-            self.script_keys().through(Key::Seq),
+            &SCRIPTS.hold_release,
+            self.script_keys().through(Key::Events),
             args,
         )
         .await
     }
 }
 
-impl Driver for MutexDriver {
+impl Driver for ExclusiveDriver {
     fn keys(&self) -> &LockKeys {
         &self.keys
     }
@@ -316,19 +332,21 @@ impl Driver for MutexDriver {
         waiting: bool,
     ) -> BoxFuture<'static, Result<Attempt>> {
         Box::pin(async move {
-            let grace = self.client.config().waiter_grace.as_millis() as i64;
-            // Local waiters besides the caller (who is registered itself when it waits).
-            let local = self.client.waiters().waiting_on(self.keys.id());
-            let others = local > usize::from(waiting);
-            let script = &SCRIPTS.mutex_acquire;
+            let core = self.client.core();
+            let (waiter, grant_ms) = if waiting {
+                (waiter.as_ref(), core.config.waiter_lease.as_millis() as i64)
+            } else {
+                ("", 0)
+            };
+            let script = &SCRIPTS.hold_acquire;
             let args = ScriptArgs::acquire(
                 owner.id(),
                 lease.as_millis() as i64,
                 &op,
-                if waiting { waiter.as_ref() } else { "" },
-                if waiting { grace } else { 0 },
+                waiter,
+                grant_ms,
             )
-            .extra([if others { "1" } else { "0" }.into()]);
+            .extra([core.inbox_tag.as_ref().into()]);
             let keys = self.script_keys().through(Key::Fence);
             let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
             acquire_reply(&self.client, script, &reply)
@@ -346,7 +364,7 @@ impl Driver for MutexDriver {
     }
 
     fn hands_over(&self) -> bool {
-        self.client.config().handover_streak > 0
+        !self.fair && self.client.config().handover_streak > 0
     }
 
     fn release_to<'a>(
@@ -360,12 +378,33 @@ impl Driver for MutexDriver {
     }
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
+        let args = ScriptArgs::no_call()
+            .window(self.window_ms())
+            .events(self.client.core().event_args(&self.keys));
         Box::pin(force_unlock_with(
             &self.client,
             &self.keys,
-            &SCRIPTS.mutex_force_unlock,
-            self.script_keys().through(Key::Seq),
-            vec![],
+            &SCRIPTS.hold_force_unlock,
+            self.script_keys().through(Key::Events),
+            args,
         ))
+    }
+
+    fn waits_in_redis(&self) -> bool {
+        true
+    }
+
+    fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
+        Some(Box::pin(async move {
+            let args = ScriptArgs::leave(&waiter)
+                .window(self.window_ms())
+                .events(self.client.core().event_args(&self.keys));
+            let script = &SCRIPTS.hold_leave;
+            let keys = self.script_keys().through(Key::Events);
+            let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
+            let left = flag_reply(script, &reply)?;
+            tracing::debug!(lock = self.keys.name(), left, "left the wait queue");
+            Ok(())
+        }))
     }
 }

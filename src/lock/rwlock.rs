@@ -315,12 +315,13 @@ impl Driver for RwDriver {
 
     fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
         let keys = self.script_keys().through(Key::Alive);
+        let args = ScriptArgs::no_call().events(self.client.core().event_args(&self.keys));
         Box::pin(force_unlock_with(
             &self.client,
             &self.keys,
             &SCRIPTS.rw_force_unlock,
             keys,
-            vec![],
+            args,
         ))
     }
 

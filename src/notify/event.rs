@@ -47,8 +47,8 @@ impl Event {
 pub(crate) enum WakeRule {
     One,
     Named(String),
-    /// Fair lock: the lock was granted to this waiter (wire name `grant`, target
-    /// `id,token,at_ms,lasts_ms`); only it wakes, and it need not run a script.
+    /// Exclusive locks: a release granted the lock to this queued waiter (wire name `grant`,
+    /// target `id,token,lasts_ms`); only it wakes, and it need not run a script.
     Grant(String, Granted),
     /// Read-write lock: the readers Redis admits now (wire name `chain`).
     Chain(Admitted),
@@ -67,20 +67,13 @@ impl WakeRule {
     }
 
     /// A `grant` target whose numbers do not parse still names its waiter: woken, it asks
-    /// Redis, which answers that the lock is its own (`lua/fair_acquire.lua`).
+    /// Redis, which answers that the lock is its own (`lua/hold_acquire.lua`).
     fn parse_grant(target: &str) -> WakeRule {
         let mut parts = target.split(ID_SEPARATOR);
         let id = parts.next().unwrap_or_default().to_owned();
         let mut number = || parts.next().and_then(|part| part.parse::<u64>().ok());
-        match (number(), number(), number()) {
-            (Some(token), Some(at_ms), Some(lasts_ms)) => WakeRule::Grant(
-                id,
-                Granted {
-                    token,
-                    at_ms,
-                    lasts_ms,
-                },
-            ),
+        match (number(), number()) {
+            (Some(token), Some(lasts_ms)) => WakeRule::Grant(id, Granted { token, lasts_ms }),
             _ => WakeRule::Named(id),
         }
     }
@@ -118,14 +111,12 @@ impl Admitted {
     }
 }
 
-/// A hold that a release granted to a queued waiter (fair lock, `lua/lib/fair.lua`).
+/// A hold that a release granted to a queued waiter (`lua/lib/hold.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Granted {
     /// The fencing token of the granted hold.
     pub(crate) token: u64,
-    /// Server time (ms) of the grant.
-    pub(crate) at_ms: u64,
-    /// How long the granted hold lasts from then, in ms, until its new owner renews it.
+    /// How long the granted hold lasts from the grant, in ms, until its new owner renews it.
     pub(crate) lasts_ms: u64,
 }
 
@@ -173,5 +164,19 @@ mod tests {
         assert_eq!(event.lock_id, "fair:a|b");
         assert_eq!(event.rule, WakeRule::Named("w1".into()));
         assert!(Event::from_payload("garbage").is_none());
+    }
+
+    #[test]
+    fn grants_carry_token_and_time_or_still_name_their_waiter() {
+        let event = Event::from_payload("0|grant|w1,1795511510591024,3000|mutex:a").unwrap();
+        let granted = Granted {
+            token: 1_795_511_510_591_024,
+            lasts_ms: 3_000,
+        };
+        assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
+        assert_eq!(
+            WakeRule::parse("grant", "w1,x,3000"),
+            WakeRule::Named("w1".into())
+        );
     }
 }

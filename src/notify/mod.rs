@@ -73,12 +73,17 @@ impl Reader {
     }
 
     /// This client's inboxes (streams or channels) on this reader's shards, in the order of
-    /// `shards`: the fair grants for its waiters, sent to it alone.
+    /// `shards`, without repeats (without Redis Cluster, every shard shares one events key and
+    /// one inbox): the grants for its waiters, sent to it alone.
     pub(crate) fn inbox_keys(&self) -> Vec<String> {
-        self.shards
-            .iter()
-            .map(|&shard| self.keyspace.inbox(shard, &self.inbox_tag))
-            .collect()
+        let mut keys: Vec<String> = Vec::new();
+        for &shard in &self.shards {
+            let key = self.keyspace.inbox(shard, &self.inbox_tag);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        keys
     }
 
     /// Maps every key (stream or channel) this reader reads to where its events come from.
@@ -92,8 +97,7 @@ impl Reader {
         let inboxes = self
             .inbox_keys()
             .into_iter()
-            .enumerate()
-            .map(|(n, inbox)| (inbox, Source::Inbox(n)));
+            .map(|inbox| (inbox, Source::Inbox));
         shards.chain(inboxes).collect()
     }
 }

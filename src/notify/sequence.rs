@@ -1,12 +1,14 @@
 //! Sequence numbers: how a reader notices that it missed events.
 //!
-//! A reader must never skip an event silently, or a waiter sleeps until its bound. So every
-//! event carries a number: the shard's counter for the shared stream or channel of a shard, the
-//! inbox's own counter for this client's inbox (`fl_emit` and `fl_emit_direct` in
-//! `lua/lib/notify.lua`). The reader remembers the last number of each series; a number that
-//! does not follow it (a trimmed stream, a dropped message, a shard counter that restarted after
-//! a flush) is a gap, and the reader answers a gap by waking every local waiter to re-check. An
-//! inbox counter that expired starts again at 1, which is not a gap.
+//! A reader must never skip a shard event silently, or a waiter sleeps until its bound. So every
+//! event of a shard's stream or channel carries the shard's counter (`fl_emit` in
+//! `lua/lib/notify.lua`). The reader remembers the last number of each shard; a number that does
+//! not follow it (a trimmed stream, a dropped message, a counter that restarted after a flush)
+//! is a gap, and the reader answers a gap by waking every local waiter to re-check.
+//!
+//! A client's inbox carries grants, each for one named waiter, and is not numbered: a grant
+//! whose event is lost is found by the waiter's next attempt when its bound ends
+//! (`lua/hold_acquire.lua` answers "granted already").
 
 use super::Reader;
 
@@ -15,47 +17,38 @@ use super::Reader;
 pub(crate) enum Source {
     /// The shared events key of this shard; its events carry the shard's sequence numbers.
     Shard(usize),
-    /// This client's inbox of the reader's n-th shard; its events carry the inbox's own
-    /// sequence numbers (`fl_emit_direct` in `lua/lib/notify.lua`).
-    Inbox(usize),
+    /// This client's inbox (grants, `lua/lib/hold.lua`); not numbered.
+    Inbox,
 }
 
-/// The sequence numbers a reader checks: one series per shard, one per inbox.
+/// The last sequence number seen of every shard.
 #[derive(Debug)]
 pub(crate) struct Sequences {
     shards: SeqTracker,
-    inboxes: SeqTracker,
 }
 
 impl Sequences {
     pub(crate) fn new(reader: &Reader) -> Self {
         Sequences {
             shards: SeqTracker::new(reader.keyspace.event_shards()),
-            // The inboxes are as new as the client: the first event of each is number 1, so a
-            // lost first grant shows as a gap too.
-            inboxes: SeqTracker {
-                last: vec![Some(0); reader.shards.len()],
-            },
         }
     }
 
-    /// Records `seq` read from `source`; true when events of that source were missed.
+    /// Whether `seq`, read from `source`, shows that events were missed.
     pub(crate) fn gap(&mut self, source: Source, seq: u64) -> bool {
         match source {
             Source::Shard(shard) => self.shards.gap(shard, seq),
-            // An inbox counter that expired (no grant for 5 minutes) starts again at 1.
-            Source::Inbox(inbox) => self.inboxes.gap(inbox, seq) && seq != 1,
+            Source::Inbox => false,
         }
     }
 
-    /// Forgets every position (after a reconnect in pub/sub mode, where gaps are expected).
+    /// Forgets every number (after a reconnect, when any number is accepted).
     pub(crate) fn reset(&mut self) {
         self.shards.reset();
-        self.inboxes.reset();
     }
 }
 
-/// Tracks the event sequence of each shard and reports gaps.
+/// The last number seen per series.
 #[derive(Debug, Default)]
 pub(crate) struct SeqTracker {
     last: Vec<Option<u64>>,
@@ -68,7 +61,7 @@ impl SeqTracker {
         }
     }
 
-    /// Records `seq` for `shard`; true when events were missed since the previous one.
+    /// Records `seq` for `shard`; true when it does not follow the previous number.
     pub(crate) fn gap(&mut self, shard: usize, seq: u64) -> bool {
         let Some(slot) = self.last.get_mut(shard) else {
             return false;
@@ -78,7 +71,6 @@ impl SeqTracker {
         missed
     }
 
-    /// Forgets every position (after a reconnect in pub/sub mode, where gaps are expected).
     pub(crate) fn reset(&mut self) {
         self.last.iter_mut().for_each(|slot| *slot = None);
     }
@@ -99,26 +91,13 @@ mod tests {
     }
 
     #[test]
-    fn inbox_sequences_start_at_one_and_may_restart() {
+    fn inbox_events_are_not_numbered() {
         let mut seq = Sequences {
             shards: SeqTracker::new(1),
-            inboxes: SeqTracker {
-                last: vec![Some(0); 2],
-            },
         };
-        assert!(!seq.gap(Source::Inbox(0), 1));
-        assert!(!seq.gap(Source::Inbox(0), 2));
-        assert!(seq.gap(Source::Inbox(0), 4), "grant 3 was missed");
-        assert!(seq.gap(Source::Inbox(1), 2), "the first grant was missed");
-        assert!(
-            !seq.gap(Source::Inbox(0), 1),
-            "an expired counter starts again"
-        );
-        assert!(!seq.gap(Source::Shard(0), 9), "shards are tracked apart");
-        seq.reset();
-        assert!(
-            !seq.gap(Source::Inbox(1), 7),
-            "after a reset any number is accepted"
-        );
+        assert!(!seq.gap(Source::Inbox, 0));
+        assert!(!seq.gap(Source::Inbox, 0));
+        assert!(!seq.gap(Source::Shard(0), 9));
+        assert!(seq.gap(Source::Shard(0), 11), "shard event 10 was missed");
     }
 }

@@ -6,12 +6,15 @@
 //! read them (a reader further behind than `stream_max_len`), the per-shard sequence numbers
 //! show the gap and every local waiter re-checks.
 //!
-//! The same `XREAD` also reads this client's inbox of each shard (fair grants sent to this
-//! client alone, see `lua/lib/notify.lua`). Its tag is new with the client, so its inboxes
-//! start empty and are read from `0-0`; each inbox numbers its events itself, and a gap there
-//! (an inbox trimmed or deleted before it was read) also makes every local waiter re-check.
+//! The same `XREAD` also reads this client's inbox of each shard (grants sent to this client
+//! alone, see `lua/lib/hold.lua`). Its tag is new with the client, so its inboxes start empty
+//! and are read from `0-0`. An inbox is also the client's sign of life: a release grants the
+//! lock only to waiters whose client's inbox exists. So the reader creates its inboxes before
+//! the client is returned, and keeps them alive ([`INBOX_TTL`], `lua/inbox_keep.lua`); the
+//! inboxes of a client that died expire.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use fred::clients::Client;
 use fred::interfaces::{ClientLike, EventInterface, StreamsInterface};
@@ -26,6 +29,27 @@ use crate::error::{Error, Result};
 
 const BATCH: u64 = 512;
 
+/// How long an inbox outlives the last refresh by its reader, which refreshes it every third
+/// of this: the time after which the waiters of a client that died without leaving its queues
+/// are passed over.
+pub(crate) const INBOX_TTL: Duration = Duration::from_secs(30);
+
+/// Creates the inboxes that do not exist and refreshes the ttl of every one.
+pub(crate) async fn keep_inboxes(client: &Client, inboxes: &[String]) -> Result<()> {
+    let script = &crate::scripts::SCRIPTS.inbox_keep;
+    let ttl = Value::from(INBOX_TTL.as_millis() as i64);
+    for inbox in inboxes {
+        let created = script
+            .run(client, vec![inbox.clone()], vec![ttl.clone()])
+            .await
+            .map_err(|err| Error::from_redis(err, "(notifier)", inbox))?;
+        if crate::scripts::int_array(script.name(), created)? != [0] {
+            tracing::debug!(inbox, "inbox created");
+        }
+    }
+    Ok(())
+}
+
 /// Takes the start position of every stream and spawns the reader.
 pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
     let mut keys = reader.event_keys();
@@ -33,7 +57,9 @@ pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
     for key in &keys {
         ids.push(last_id(&reader.client, key).await?);
     }
-    for inbox in reader.inbox_keys() {
+    let inboxes = reader.inbox_keys();
+    keep_inboxes(&reader.client, &inboxes).await?;
+    for inbox in inboxes {
         keys.push(inbox);
         ids.push("0-0".to_owned());
     }
@@ -96,8 +122,16 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
         ..Options::default()
     };
     let client = reader.client.with_options(&options);
+    let inboxes = reader.inbox_keys();
+    let mut inboxes_kept = tokio::time::Instant::now();
     let mut failures = 0u32;
     loop {
+        if inboxes_kept.elapsed() >= INBOX_TTL / 3 {
+            match keep_inboxes(&reader.client, &inboxes).await {
+                Ok(()) => inboxes_kept = tokio::time::Instant::now(),
+                Err(error) => tracing::warn!(%error, "could not refresh the inboxes"),
+            }
+        }
         let read = client.xread::<Value, _, _>(
             Some(BATCH),
             Some(block.as_millis() as u64),

@@ -195,11 +195,6 @@ impl WaiterTable {
         self.queues.iter().map(|q| q.len()).sum()
     }
 
-    /// Number of local waiters of one lock.
-    pub(crate) fn waiting_on(&self, lock_id: &str) -> usize {
-        self.queues.get(lock_id).map_or(0, |queue| queue.len())
-    }
-
     /// Number of locks with a local queue.
     pub(crate) fn queues(&self) -> usize {
         self.queues.len()

@@ -19,7 +19,6 @@ pub struct MutexKeys {
     pub hold: String,
     /// The fence key of the lock's shard (shared by every lock of the shard).
     pub fence: String,
-    pub wait: String,
 }
 
 pub fn mutex_keys(prefix: &str, shards: u16, name: &str) -> MutexKeys {
@@ -28,7 +27,6 @@ pub fn mutex_keys(prefix: &str, shards: u16, name: &str) -> MutexKeys {
     MutexKeys {
         hold: format!("{tag}:mutex:{name}"),
         fence: format!("{tag}:fence"),
-        wait: format!("{tag}:mutex.wait:{name}"),
         tag,
     }
 }
@@ -63,7 +61,29 @@ pub fn fence_value(server: &RedisServer, fence: &str) -> (u64, String) {
 
 /// The owner field of a hold hash (None when free or only a tombstone is left).
 pub fn hold_owner(server: &RedisServer, hold: &str) -> Option<String> {
-    server.cmd(&["HGET", hold, "o"]).as_str()
+    server
+        .cmd(&["HGET", hold, "o"])
+        .as_str()
+        .filter(|owner| !owner.is_empty())
+}
+
+/// The waiter ids queued in an exclusive lock's hash (field `q`, one line per waiter), in
+/// queue order.
+pub fn queued_waiters(server: &RedisServer, hold: &str) -> Vec<String> {
+    let queue = server.cmd(&["HGET", hold, "q"]).as_str().unwrap_or_default();
+    queue
+        .lines()
+        .filter_map(|line| line.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The hold key of exclusive lock `name` of `kind` ("mutex" or "fair"), any shard.
+pub fn find_hold(server: &RedisServer, prefix: &str, kind: &str, name: &str) -> Option<String> {
+    server
+        .keys(&format!("{{{prefix}:*}}:{kind}:{name}"))
+        .into_iter()
+        .next()
 }
 
 /// The owner, count and fencing token fields of a hold hash.

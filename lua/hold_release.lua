@@ -1,0 +1,70 @@
+-- hold_release.lua: give back one hold (or every hold) of an exclusive lock; when that frees
+-- it, hand it to a waiter of the releasing process (barging mutex, at most `streak` times in a
+-- row), else grant it to the first waiter of the queue, else leave it free.
+-- Uses lib/fence.lua and lib/hold.lua.
+--
+-- KEYS[1] hold     the lock's hash (see lib/hold.lua)
+-- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[3] fence    unused (a hand-over or grant continues the hold's token)
+-- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- ARGV[1] owner    owner id
+-- ARGV[2] token    fencing token of the hold being released (a stale hold of the same owner
+--                  is refused)
+-- ARGV[3] op       op id, unique per call; a retried call with the same op id is answered, not
+--                  re-applied
+-- ARGV[4] all      "1" to release every hold of the owner at once, "0" to release one
+-- ARGV[5] window   tombstone ttl in ms (see lib/hold.lua)
+-- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
+-- ARGV[9] successor  successor owner id, "" for none: a waiter of the releasing process that
+--                  may be handed the lock when this release frees it (lock cohorting)
+-- ARGV[10] successor-waiter  the successor's waiter id
+-- ARGV[11] successor-lease   its lease in ms
+-- ARGV[12] streak  at most this many hand-overs in a row (then the queue's turn)
+--
+-- Returns {1, holds left} when released (0: freed, or granted to the first waiter),
+--         {1, 0, token} when the lock was handed to the successor with this fencing token (also
+--           when this call is a retry of a release that did so),
+--         {0, 0} when the lock is not held (expired or released),
+--         {-1, 0} when another owner (or a newer hold of this owner) holds it,
+--         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
+local hold, events = KEYS[1], KEYS[4]
+local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local mode, lock_id = ARGV[6], ARGV[8]
+local successor, successor_waiter, successor_lease = ARGV[9], ARGV[10], tonumber(ARGV[11])
+local streak_cap = tonumber(ARGV[12])
+
+local fields = fl_hold_read(hold)
+local current, count = fields[1], tonumber(fields[2])
+if fields[5] == op then
+  return {1, count or 0}
+end
+if fields[6] and string.find(',' .. fields[6] .. ',', ',' .. op .. ',', 1, true) then
+  if successor_waiter ~= '' and fields[5] == successor_waiter then
+    return {1, 0, tonumber(fields[3])}
+  end
+  return {1, 0}
+end
+if not current then
+  return {0, 0}
+end
+if current ~= owner or fields[3] ~= token then
+  return {-1, 0}
+end
+if all ~= '1' and count > 1 then
+  redis.call('HSET', hold, 'c', count - 1, 'r', op)
+  return {1, count - 1}
+end
+
+local freed_by = fl_freed_chain(op, fields[6])
+local streak = tonumber(fields[7]) or 0
+if successor ~= '' and streak < streak_cap then
+  local queue = fl_queue_without(fields[8], successor_waiter)
+  local next_token = fl_fence_text(tonumber(fields[3]) + 1)
+  fl_hold_write(hold, successor, next_token, successor_lease, successor_waiter, freed_by,
+    streak + 1, queue)
+  return {1, 0, tonumber(next_token)}
+end
+if not fl_grant_next(hold, fields, fields[8] or '', freed_by, events, mode, lock_id) then
+  fl_free(hold, op, freed_by, window)
+end
+return {1, 0}
