@@ -1,5 +1,5 @@
 //! Fair hand-off with 10 vs 1000 queued waiters: one process; a client holds a fair lock while
-//! N tasks of a second client queue on it (`LLEN` = N), then releases; each task unlocks as
+//! N tasks of a second client queue on it (N queued in its hash), then releases; each task unlocks as
 //! soon as it acquires. Gap = a task's `lock()` returned − the previous holder's `unlock()`
 //! call. N = 10 (5 batches: 50 gaps) and N = 1000 (the first 50 gaps of each batch, while ≥ 950
 //! are queued; 2 batches, 1 with `--quick`). Target: p50(1000) ≤ 2 × p50(10).
@@ -11,7 +11,7 @@ use serde_json::{json, Value as Json};
 use tokio::sync::mpsc;
 
 use crate::measure::{ms, ping_summary, progress, ratio, round, round2, Summary};
-use crate::redis::{connect_with, fair_queue_key, llen, shutdown, HANG};
+use crate::redis::{connect_with, fair_hold_key, queued, shutdown, HANG};
 use crate::run::ModeCtx;
 
 /// Gaps measured per batch.
@@ -132,7 +132,7 @@ pub async fn handoff_batch(
         .await
         .map_err(|err| format!("hand-off holder: {err}"))?;
     let mutex = waiting.fair_mutex(&name).map_err(|err| err.to_string())?;
-    let queue = fair_queue_key(prefix, &name);
+    let queue = fair_hold_key(prefix, &name);
     // (acquired, unlock called)
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Instant)>();
     let started = Instant::now();
@@ -149,7 +149,7 @@ pub async fn handoff_batch(
         }));
     }
     drop(tx);
-    while llen(holder.redis(), &queue).await? < n as u64 {
+    while queued(holder.redis(), &queue).await? < n as u64 {
         if started.elapsed() > HANG {
             return Err(format!(
                 "not all {n} waiters joined {queue} within {HANG:?}"

@@ -83,9 +83,10 @@ pub fn counter_key(prefix: &str, name: &str) -> String {
     format!("{{{prefix}:bench}}:counter:{name}")
 }
 
-/// The Redis queue of a fair lock of a client with `shards = 1` (see `src/keys.rs`).
-pub fn fair_queue_key(prefix: &str, name: &str) -> String {
-    format!("{{{prefix}:0}}:fair.queue:{name}")
+/// The hash of a fair lock of a client with `shards = 1` (see `src/keys.rs`): its field `q`
+/// is the wait queue, one line per waiter (`lua/lib/hold.lua`).
+pub fn fair_hold_key(prefix: &str, name: &str) -> String {
+    format!("{{{prefix}:0}}:fair:{name}")
 }
 
 /// `INFO commandstats`: command name → (calls, server µs). Commands called from scripts are
@@ -261,8 +262,16 @@ pub async fn raw_command<R: fred::types::FromValue>(
         .map_err(|err| format!("{name} failed: {err}"))
 }
 
-pub async fn llen(client: &Client, key: &str) -> Result<u64, String> {
-    raw_command(client, "LLEN", ClusterHash::FirstKey, vec![key.to_owned()]).await
+/// How many waiters are queued in an exclusive lock's hash.
+pub async fn queued(client: &Client, hold: &str) -> Result<u64, String> {
+    let queue: Option<String> = raw_command(
+        client,
+        "HGET",
+        ClusterHash::FirstKey,
+        vec![hold.to_owned(), "q".to_owned()],
+    )
+    .await?;
+    Ok(queue.map_or(0, |queue| queue.lines().count() as u64))
 }
 
 /// `CLIENT LIST`, one map of fields per connection.

@@ -1,7 +1,7 @@
 //! S3, FIFO: 3 worker processes; while the parent holds the lock, 12 waiters (waiter `i` in
 //! process `i mod 3`) are started 20 ms apart, in the order the parent tells the workers to
 //! start them (the arrival order). For the fair lock the parent also waits until waiter `i` is
-//! in the Redis queue (`LLEN`) before starting the next; for the others it only waits the
+//! in the Redis queue (its hash's `q` field) before starting the next; for the others it only waits the
 //! 20 ms. 20 ms after the last arrival the parent releases. Inversions = pairs of waiters that
 //! acquired in the opposite order of their arrival (of 66 per round; target for the fair lock:
 //! 0). Drain = release → the last waiter's `unlock()` returned. `--s3-rounds` (10; 2 with
@@ -17,7 +17,7 @@ use crate::loop_stats::overlaps;
 use crate::loops::hold_once;
 use crate::measure::{ms, now_us, ping_summary, progress, round2, Summary};
 use crate::peers::{LockKind, Side};
-use crate::redis::{counter_key, fair_queue_key, llen, HANG};
+use crate::redis::{counter_key, fair_hold_key, queued, HANG};
 use crate::run::ModeCtx;
 use crate::workers::{say, start_workers, ChildCtx, Record, Worker};
 
@@ -165,7 +165,7 @@ async fn s3_round(
         .lock(false)
         .await
         .map_err(|err| format!("S3 holder: {err}"))?;
-    let queue = fair_queue_key(prefix, &name);
+    let queue = fair_hold_key(prefix, &name);
     let base = Instant::now();
     let mut queue_wait_max = Duration::ZERO;
     let mut last_arrival = base;
@@ -178,7 +178,7 @@ async fn s3_round(
             .await?;
         if lock == LockKind::Fair {
             // The next waiter arrives only once this one holds its place in the Redis queue.
-            while llen(side.redis(), &queue).await? < (i + 1) as u64 {
+            while queued(side.redis(), &queue).await? < (i + 1) as u64 {
                 if told.elapsed() > HANG {
                     return Err(format!("S3 waiter {i} never joined the queue {queue}"));
                 }
