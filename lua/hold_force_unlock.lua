@@ -1,6 +1,6 @@
 -- hold_force_unlock.lua: free an exclusive lock whoever holds it, and grant it to the first
--- waiter of its queue. The token continues from the removed hold's. Uses lib/fence.lua and
--- lib/hold.lua.
+-- waiter of its queue. The token continues from the removed hold's. Uses lib/fence.lua,
+-- lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
 -- KEYS[2] marker   unused (kept for the canonical order)

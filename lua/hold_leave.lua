@@ -1,6 +1,6 @@
 -- hold_leave.lua: a waiter of an exclusive lock gives up (timeout, cancellation): it leaves
 -- the queue, and a hold that a release granted it meanwhile (which it never took up) passes
--- to the next waiter. Uses lib/fence.lua and lib/hold.lua.
+-- to the next waiter. Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
 -- KEYS[2] marker   unused (kept for the canonical order)

@@ -1,7 +1,7 @@
 -- hold_release.lua: give back one hold (or every hold) of an exclusive lock; when that frees
 -- it, hand it to a waiter of the releasing process (barging mutex, at most `streak` times in a
 -- row), else grant it to the first waiter of the queue, else leave it free.
--- Uses lib/fence.lua and lib/hold.lua.
+-- Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
 -- KEYS[2] marker   unused (kept for the canonical order)
@@ -59,7 +59,7 @@ local freed_by = fl_freed_chain(op, fields[6])
 local streak = tonumber(fields[7]) or 0
 if successor ~= '' and streak < streak_cap then
   local queue = fl_queue_without(fields[8], successor_waiter)
-  local next_token = fl_fence_text(tonumber(fields[3]) + 1)
+  local next_token = fl_clock_after(tonumber(fields[3]))
   fl_hold_write(hold, successor, next_token, successor_lease, successor_waiter, freed_by,
     streak + 1, queue)
   return {1, 0, tonumber(next_token)}

@@ -1,5 +1,6 @@
 -- hold_renew.lua: renew (or extend) a batch of holds, all in one hash slot.
--- Serves every lock type whose hold is a hash {o = owner, f = fencing token}.
+-- Serves the exclusive locks (lib/hold.lua): a renewal also records the new ttl in field l,
+-- the bound the lock's waiters are given.
 --
 -- A batch script (lua/README.md): one group of keys per hold.
 -- KEYS[i]         hold hash of the i-th lock
@@ -26,6 +27,7 @@ for i, hold in ipairs(KEYS) do
     codes[i] = -2
   else
     if lease > 0 then
+      redis.call('HSET', hold, 'l', lease)
       redis.call('PEXPIRE', hold, lease)
     end
     codes[i] = 1

@@ -198,6 +198,9 @@ impl Core {
     pub(crate) fn event_args_mode(&self) -> Vec<Value> {
         let mode = match self.config.notification {
             NotificationMode::PubSub if self.sharded_pubsub => "spubsub",
+            // A cluster before Redis 7: PUBLISH reaches subscribers on every node, so the
+            // count it returns (this node's) says nothing about the receiver.
+            NotificationMode::PubSub if self.keyspace.clustered() => "bpubsub",
             other => other.as_str(),
         };
         vec![mode.into(), (self.config.stream_max_len as i64).into()]
@@ -689,8 +692,8 @@ pub struct ClientStats {
     /// Acquire calls abandoned by their caller (dropped future) that are still being finished
     /// in the background; each releases the lock if its call obtained it.
     pub orphaned_attempts: usize,
-    /// Waiters of this client that hold a place in a Redis-side queue (fair lock) and are kept
-    /// alive by its heartbeat.
+    /// Waiters of this client that hold a place in a read-write lock's queue in Redis and are
+    /// kept alive by its heartbeat.
     pub queued_in_redis: usize,
     /// Acquire attempts repeated after a transient failure (see
     /// [`Config::transient_retry`](crate::Config::transient_retry)) since start.

@@ -79,14 +79,14 @@ pub struct Config {
     /// Limit on every Redis command the crate sends.
     #[serde(with = "humantime_serde")]
     pub command_timeout: Duration,
-    /// Lease of a waiter's place in a fair lock's queue. The client's heartbeat renews it every
-    /// third of it; a waiter whose process died is evicted within one lease.
+    /// Exclusive locks: how long a hold that a release grants to a queued waiter lasts until
+    /// the waiter's client takes it up and renews it to its full lease, so a grant to a process
+    /// that died (and was not yet passed over) blocks the lock no longer than this. A queued
+    /// waiter is passed over when its client is gone: at once in Pub/Sub mode (its connection
+    /// closed), within 30 s in Stream mode (its inbox expires). Read-write lock: the lease of a
+    /// waiter's place in the queue, renewed by the client's heartbeat every third of it.
     #[serde(with = "humantime_serde")]
     pub waiter_lease: Duration,
-    /// How long the "someone may be waiting" marker outlives the lease a waiter saw. Releases
-    /// emit events only while the marker exists.
-    #[serde(with = "humantime_serde")]
-    pub waiter_grace: Duration,
     /// Longest pause between reconnection attempts: 1 ms to 60 s. It bounds how long after a
     /// server comes back the client notices, and so how soon a hold the server lost is
     /// reported by [`LockGuard::lost`](crate::LockGuard::lost).
@@ -131,7 +131,6 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(5),
             waiter_lease: Duration::from_secs(3),
-            waiter_grace: Duration::from_secs(2),
             reconnect_max_delay: Duration::from_millis(500),
             notifier_block: Duration::from_secs(5),
             replica_acks: 0,
@@ -218,7 +217,6 @@ impl Config {
         for (what, value) in [
             ("connect_timeout", self.connect_timeout),
             ("command_timeout", self.command_timeout),
-            ("waiter_grace", self.waiter_grace),
             ("replica_ack_timeout", self.replica_ack_timeout),
         ] {
             check_duration(what, value, Duration::from_millis(1))?;
@@ -263,7 +261,6 @@ impl fmt::Debug for Config {
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("waiter_lease", &self.waiter_lease)
-            .field("waiter_grace", &self.waiter_grace)
             .field("reconnect_max_delay", &self.reconnect_max_delay)
             .field("notifier_block", &self.notifier_block)
             .field("replica_acks", &self.replica_acks)

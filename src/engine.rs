@@ -15,7 +15,7 @@
 //! Dropping the future returned by [`acquire`] at any point leaves nothing behind: the local
 //! waiter entry is removed (a wakeup it had received is passed on), a script call already in
 //! flight is finished by a background task that releases the lock if the call acquired it, and
-//! a driver that queues waiters in Redis (fair lock) is told to leave the queue.
+//! a driver that queues waiters in Redis is told to leave the queue.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -44,8 +44,13 @@ pub(crate) enum Attempt {
     /// Acquired (or re-entered) with this fencing token. `lasts`: the hold expires sooner
     /// than the requested lease (a release granted it, `lua/lib/hold.lua`).
     Acquired { token: u64, lasts: Option<Duration> },
-    /// Someone else holds the lock for at most `ttl` more (None: unknown).
-    Busy { ttl: Option<Duration> },
+    /// Someone else holds the lock for at most `ttl` more (None: unknown), under the fencing
+    /// token `token` (if the script says: a grant read later with a token not above it was
+    /// made before this attempt ran).
+    Busy {
+        ttl: Option<Duration>,
+        token: Option<u64>,
+    },
 }
 
 /// The answer of one release.
@@ -74,7 +79,7 @@ pub(crate) trait Driver: Send + Sync + 'static {
         ""
     }
     /// One acquire attempt by the acquisition `waiter`. `waiting` tells the script that the
-    /// caller will wait on failure (so it should leave a waiter marker or join the queue).
+    /// caller will wait on failure (so it should join the queue).
     fn try_acquire(
         self: Arc<Self>,
         owner: Owner,
@@ -122,9 +127,10 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn renew_args(&self, owner: &Owner, token: u64) -> Vec<fred::types::Value> {
         vec![owner.id().into(), token.to_string().into()]
     }
-    /// Prefix of this lock's waiter ids (the read-write lock tells readers from writers by it).
-    fn waiter_prefix(&self) -> &'static str {
-        ""
+    /// A new waiter id for one acquisition (unique; never contains `,`, `|`, a space or a
+    /// newline). The read-write lock's tell readers from writers, and name the client's inbox.
+    fn waiter_id(&self) -> Arc<str> {
+        op_id().into()
     }
     /// For locks whose queued waiters the client's heartbeat keeps alive: this lock's script
     /// keys (its kind and its group in the batched heartbeat, `lua/queue_heartbeat.lua`).
@@ -206,7 +212,7 @@ async fn acquire_loop(
 ) -> Result<Option<LockGuard>> {
     driver.client().check_open()?;
     let waiting = patience != Patience::None;
-    let waiter: Arc<str> = format!("{}{}", driver.waiter_prefix(), op_id()).into();
+    let waiter = driver.waiter_id();
     let registration = waiting.then(|| {
         let bid = driver.hands_over().then(|| Bid {
             owner: owner.clone(),
@@ -228,8 +234,8 @@ async fn acquire_loop(
     let mut op = op_id();
     // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
     let mut woken = false;
-    // When the last busy attempt was sent: a grant read later happened after it.
-    let mut last_busy: Option<Instant> = None;
+    // When the last busy attempt was sent, and the holder's token it saw: dates a grant.
+    let mut last_busy: Option<(Instant, u64)> = None;
 
     loop {
         let sent_at = Instant::now();
@@ -251,10 +257,10 @@ async fn acquire_loop(
                 );
                 return guard.await.map(Some);
             }
-            Ok(Attempt::Busy { ttl }) => {
+            Ok(Attempt::Busy { ttl, token }) => {
                 retry.reset();
                 op = op_id();
-                last_busy = Some(sent_at);
+                last_busy = token.map(|token| (sent_at, token));
                 if waiting {
                     queued.joined();
                 }
@@ -418,14 +424,18 @@ async fn take_up(
     Ok(LockGuard::new(hold, client))
 }
 
-/// When a granted hold began in local time (at the latest), and how long it lasts from then.
-/// A grant read after this waiter's last busy attempt came back happened after that attempt
-/// was sent (`last_busy`): a grant made before the attempt ran would have been its answer
-/// (`lua/hold_acquire.lua`). So dating it from then is safe: the hold lasts at least that long.
-/// None (ask Redis instead) without a busy attempt, and when less than half of the granted
-/// time is left by that count (a waiter that queued long ago, a late event, a paused process).
-fn grant_times(last_busy: Option<Instant>, granted: Granted) -> Option<(Instant, Duration)> {
-    let at = last_busy?;
+/// When a granted hold began in local time (at the latest), and how long it lasts from then,
+/// from this waiter's last busy attempt (`last_busy`: when it was sent, and the holder's token
+/// it saw). A grant with a higher token than that holder's was made after the attempt ran, so
+/// after it was sent: dating the grant from then is safe (the hold lasts at least that long).
+/// None (ask Redis instead) without a busy attempt, for an older grant (its event was read
+/// late: that hold may be long gone), and when less than half of the granted time is left by
+/// that count (a waiter that queued long ago, a late event, a paused process).
+fn grant_times(last_busy: Option<(Instant, u64)>, granted: Granted) -> Option<(Instant, Duration)> {
+    let (at, seen) = last_busy?;
+    if granted.token <= seen {
+        return None;
+    }
     let lasts = Duration::from_millis(granted.lasts_ms);
     let left = (at + lasts).saturating_duration_since(Instant::now());
     (left >= lasts / 2 && !lasts.is_zero()).then_some((at, lasts))
@@ -659,8 +669,8 @@ fn start_attempt(
     })
 }
 
-/// A waiter's place in a Redis-side wait queue (fair lock): kept alive by the client's
-/// heartbeat while the acquisition waits, and left when it ends without the lock.
+/// A waiter's place in a Redis-side wait queue: kept alive by the client's heartbeat while the
+/// acquisition waits (read-write lock), and left when it ends without the lock.
 struct QueuedInRedis {
     driver: Arc<dyn Driver>,
     waiter: Arc<str>,
@@ -737,14 +747,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_grant_is_dated_from_the_last_busy_attempt() {
+    async fn a_grant_is_dated_from_the_last_busy_attempt_and_refused_when_older() {
         let sent = Instant::now();
-        let (at, lasts) = grant_times(Some(sent), grant(3_000)).unwrap();
+        let (at, lasts) = grant_times(Some((sent, 6)), grant(3_000)).unwrap();
         assert_eq!(at, sent);
         assert_eq!(lasts, Duration::from_millis(3_000));
         // No busy attempt to date it: ask Redis.
         assert_eq!(grant_times(None, grant(3_000)), None);
-        assert_eq!(grant_times(Some(sent), grant(0)), None);
+        assert_eq!(grant_times(Some((sent, 6)), grant(0)), None);
+        // The busy attempt saw token 7 or later held: this grant (token 7) is older than it.
+        assert_eq!(grant_times(Some((sent, 7)), grant(3_000)), None);
+        assert_eq!(grant_times(Some((sent, 9)), grant(3_000)), None);
     }
 
     #[tokio::test]
@@ -753,6 +766,6 @@ mod tests {
             return; // a clock too young to go back 2.5 s
         };
         // 3 s granted, dated from an attempt 2.5 s ago: under half is left.
-        assert_eq!(grant_times(Some(sent), grant(3_000)), None);
+        assert_eq!(grant_times(Some((sent, 6)), grant(3_000)), None);
     }
 }

@@ -63,7 +63,7 @@ pub enum Error {
     /// Retrying does not help; grant the commands and keys listed in `docs/design.md`.
     #[error("Redis ACL refused an operation: {0}")]
     Permission(#[source] fred::error::Error),
-    /// One of the keys the lock uses (its hold, fencing counter, waiter marker or queue) holds
+    /// One of the keys the lock uses (its hash, the shard's fencing counter, a queue) holds
     /// a value that fredlock did not write: another type (`WRONGTYPE`) or a non-numeric
     /// counter. The script changed nothing; the foreign value is left alone.
     #[error("a key of lock {lock:?} (hold key {key:?} or one beside it) holds a foreign value")]

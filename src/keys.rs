@@ -6,8 +6,8 @@
 //! the same atomic step as the state change:
 //!
 //! ```text
-//! {fredlock:7}:mutex:orders          hold hash      {o, c, f, r}
-//! {fredlock:7}:mutex.wait:orders     "someone may be waiting" marker (expires with the waiters)
+//! {fredlock:7}:mutex:orders          the lock's hash: hold, retry records, wait queue
+//!                                    (`lua/lib/hold.lua`; expires with the hold)
 //! {fredlock:7}:fence                 the shard's last fencing token and layout stamp (never
 //!                                    expires; every lock kind of the shard shares it)
 //! {fredlock:7}:events                the shard's event stream / channel (Redis Cluster)
@@ -77,6 +77,11 @@ impl Keyspace {
         self.shards
     }
 
+    /// Whether the keys are spread over a Redis Cluster (one event stream per shard).
+    pub(crate) fn clustered(&self) -> bool {
+        self.sharded_events
+    }
+
     /// How many event streams (or channels) there are: `shards` on a cluster, else 1.
     pub(crate) fn event_shards(&self) -> u16 {
         if self.sharded_events {
@@ -131,8 +136,8 @@ impl Keyspace {
     }
 
     /// The inbox (stream or channel) beside event stream `n` of the client with this tag: the
-    /// fair grants for that client's waiters go there alone (`lua/lib/notify.lua`,
-    /// `fl_emit_direct`, which builds the same name).
+    /// grants for that client's waiters go there alone (`fl_grant_next` in `lua/lib/hold.lua`
+    /// builds the same name).
     pub(crate) fn inbox(&self, n: u16, tag: &str) -> String {
         format!("{}:to:{tag}", self.events(n))
     }

@@ -285,7 +285,7 @@ impl HoldRegistry {
     ///
     /// `sent_at` is the latest instant known to precede the acquisition in Redis, and the hold
     /// lasts `lasts` from then: the lease requested, or less for a hold a fair release granted
-    /// (see `lua/lib/fair.lua`), which is renewed to the full lease a third of `lasts` later.
+    /// (see `lua/lib/hold.lua`), which is renewed to the full lease a third of `lasts` later.
     pub(crate) fn adopt(
         &self,
         driver: Arc<dyn Driver>,
@@ -644,7 +644,7 @@ pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
 /// Tells a claimed waiter how the release went: handed the lock (or, if it went away
 /// meanwhile, the hold is released again here), not handed it, or unknown (an error: the
 /// waiter re-checks, and its attempt is answered if it did get the lock). A release that fred
-/// re-sent after a broken connection still reports the hand-over it made (`mutex_release.lua`).
+/// re-sent after a broken connection still reports the hand-over it made (`hold_release.lua`).
 async fn settle_claim(
     driver: &Arc<dyn Driver>,
     claim: Claim,

@@ -1,4 +1,6 @@
-//! Waiter leases for locks that queue their waiters in Redis (the fair lock).
+//! Waiter leases for the read-write lock's queue in Redis. (The exclusive locks keep their
+//! queue in the lock's hash and need none: a release passes over waiters whose client is gone,
+//! `lua/lib/hold.lua`.)
 //!
 //! A queued waiter must prove it is alive, or a crashed process would stall everyone behind
 //! it. Instead of one timer per waiter, each client keeps a registry of its queued waiters and

@@ -131,10 +131,10 @@ macro_rules! scripts {
 }
 
 scripts! {
-    hold_acquire: [FENCE, HOLD],
-    hold_release: [FENCE, HOLD],
-    hold_leave: [FENCE, HOLD],
-    hold_force_unlock: [FENCE, HOLD],
+    hold_acquire: [FENCE, NOTIFY, HOLD],
+    hold_release: [FENCE, NOTIFY, HOLD],
+    hold_leave: [FENCE, NOTIFY, HOLD],
+    hold_force_unlock: [FENCE, NOTIFY, HOLD],
     inbox_keep: [],
     queue_leave: [QUEUE, NOTIFY, RW],
     queue_heartbeat: [QUEUE, NOTIFY, RW],
@@ -154,8 +154,8 @@ scripts! {
 pub(crate) enum Key {
     /// The hold hash (the read-write lock's hash).
     Hold = 1,
-    /// The kind's own key: the barging mutex's waiter marker, the fair lock's bids, the
-    /// read-write lock's readers.
+    /// The kind's own key: the read-write lock's readers (the exclusive locks pass it unused,
+    /// to keep the order).
     Own = 2,
     /// The shard's fence key.
     Fence = 3,
@@ -199,8 +199,8 @@ pub(crate) struct ScriptKeys<'a> {
 }
 
 impl<'a> ScriptKeys<'a> {
-    /// The keys of `lock`, whose own key ([`Key::Own`]) has the role `own` (`"wait"`,
-    /// `"bids"` or `"readers"`).
+    /// The keys of `lock`, whose own key ([`Key::Own`]) has the role `own` (`"readers"`; the
+    /// exclusive locks pass `"wait"`, unused).
     pub(crate) fn new(lock: &'a LockKeys, own: &'static str) -> Self {
         ScriptKeys { lock, own }
     }
@@ -361,8 +361,7 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library =
-                ["check", "notify", "hold", "queue", "rw", "fence"].contains(file);
+            let library = ["check", "notify", "hold", "queue", "rw", "fence"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");
@@ -375,7 +374,6 @@ mod tests {
     const KEY_NAMES: &[(&str, Key)] = &[
         ("hold", Key::Hold),
         ("marker", Key::Own),
-        ("bids", Key::Own),
         ("readers", Key::Own),
         ("fence", Key::Fence),
         ("events", Key::Events),

@@ -8,10 +8,12 @@ mod support;
 
 use std::time::Duration;
 
+use fredlock::NotificationMode;
 use fredlock::{Error, LockClient, LockGuard};
 use support::{
-    bounded, connect, exists, fence_value, init_tracing, mutex_keys, sharded_config, shown,
-    shutdown, snapshot, RedisServer, Resp, MODES,
+    bounded, connect, eventually, exists, fence_value, inbox_keys, init_tracing, mutex_keys,
+    queued_inbox_tags, queued_waiters, sharded_config, shown, shutdown, snapshot, RedisServer,
+    Resp, MODES,
 };
 
 // ---------------------------------------------------------------------------
@@ -73,7 +75,9 @@ async fn foreign_values_at_hold_or_fence_key_give_wrong_type() {
                 .await
                 .expect("first unlock");
             assert!(exists(&server, &keys.fence), "no shard fence key");
-            server.cmd(&["DEL", &keys.hold, &keys.wait]);
+            // The unlock left a tombstone, which a take continues without reading the fence
+            // key: remove it (as its ttl would), so that the next take reads the fence key.
+            server.cmd(&["DEL", &keys.hold]);
             let fence_before = snapshot(&server, &keys.fence);
             let key = if role == "hold" {
                 &keys.hold
@@ -112,16 +116,17 @@ async fn foreign_values_at_hold_or_fence_key_give_wrong_type() {
                 assert_wrong_type(&err, &sibling, &format!("{context}: sibling try_lock"));
                 let sibling_keys = mutex_keys(&prefix, 1, &sibling);
                 assert!(
-                    !exists(&server, &sibling_keys.hold) && !exists(&server, &sibling_keys.wait),
-                    "{context}: sibling keys written"
+                    !exists(&server, &sibling_keys.hold),
+                    "{context}: sibling hold written"
                 );
             }
 
             assert_eq!(snapshot(&server, key), planted, "{context}: value changed");
-            for other in [&keys.hold, &keys.wait] {
-                if other != key {
-                    assert!(!exists(&server, other), "{context}: {other:?} was written");
-                }
+            if key != &keys.hold {
+                assert!(
+                    !exists(&server, &keys.hold),
+                    "{context}: the hold was written"
+                );
             }
             if role == "hold" {
                 // No token was issued: the shard's fence key is as it was.
@@ -164,8 +169,24 @@ async fn non_numeric_fence_value_is_a_typed_error_and_left_alone() {
             .await
             .expect("first unlock");
         let (_, stamp) = fence_value(&server, &keys.fence);
-        // (The release left a tombstone at the hold key; its TTL runs down.)
-        let hold_before = server.cmd(&["HGETALL", &keys.hold]);
+        // The release left a tombstone at the hold key: a take continues its token without
+        // reading the fence key, so a foreign value there is neither read nor changed.
+        server.cmd(&["SET", &keys.fence, "planted"]);
+        let planted = snapshot(&server, &keys.fence);
+        let guard = bounded("try_lock", mutex.try_lock())
+            .await
+            .expect("a take from the tombstone")
+            .expect("the lock is free");
+        let continued = guard.fencing_token();
+        assert_eq!(
+            continued,
+            token + 1,
+            "{mode:?}: the token does not continue"
+        );
+        bounded("unlock", guard.unlock()).await.expect("unlock");
+        assert_eq!(snapshot(&server, &keys.fence), planted, "{mode:?}");
+        // With the hash gone (its ttl ran out), a take reads the fence key.
+        server.cmd(&["DEL", &keys.hold]);
         // Strings that are not "<last token>|<layout>": foreign values, whatever the layout.
         for value in [
             "planted".to_owned(),
@@ -184,17 +205,16 @@ async fn non_numeric_fence_value_is_a_typed_error_and_left_alone() {
                 planted,
                 "{mode:?} {value:?}"
             );
-            assert_eq!(
-                server.cmd(&["HGETALL", &keys.hold]),
-                hold_before,
-                "{mode:?}: hold half-written"
-            );
-            assert!(!exists(&server, &keys.wait), "{mode:?}: marker written");
+            assert!(!exists(&server, &keys.hold), "{mode:?}: hold half-written");
         }
-        // With the fence key back, the lock works again, above the shard's last token.
+        // With the fence key back, the lock works again, above the shard's last token (and
+        // above the lock's last one: the server clock has passed the chain of f + 1 steps).
         server.cmd(&["SET", &keys.fence, &format!("{token}|{stamp}")]);
         let guard = bounded("lock", mutex.lock()).await.expect("lock again");
-        assert!(guard.fencing_token() > token, "{mode:?}: token went back");
+        assert!(
+            guard.fencing_token() > continued,
+            "{mode:?}: token went back"
+        );
         bounded("unlock", guard.unlock()).await.expect("unlock");
         shutdown(&locks).await;
     }
@@ -225,38 +245,123 @@ async fn hold_key_clobbered_while_held_gives_wrong_type_on_unlock() {
     }
 }
 
-/// The waiter marker is a key of the lock too (SPEC §5: "lock key exists with another type:
-/// a clear typed error"); a foreign value there should be reported like at the hold and fence
-/// keys instead of being overwritten (by a waiting acquisition) or deleted (by a release).
+/// The waiter marker key is gone: a waiting acquisition's place is a line in the hold hash
+/// (field `q`). A foreign value planted there while a waiter waits (replacing the hash, as a
+/// clobbering writer would) is reported by the waiter's next attempt and by the holder's
+/// unlock, and neither changes it. A value at the old marker's name is no key of the lock: it
+/// is never read, written or deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn foreign_value_at_wait_key_gives_wrong_type() {
+async fn foreign_value_at_the_hold_key_of_a_waited_lock_gives_wrong_type() {
     support::init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("fail-wt-wait-{}", mode.as_str());
-        let locks = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let holding = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
         let name = "wait-planted";
         let keys = mutex_keys(&prefix, 1, name);
-        let mutex = locks.mutex(name).expect("mutex");
-        let holder = bounded("lock", mutex.lock()).await.expect("lock");
-        let planted = plant(&server, &keys.wait, "list");
+        let old_marker = format!("{}:mutex.wait:{name}", keys.tag);
+        let marker = plant(&server, &old_marker, "list");
+        let holder = bounded("lock", holding.mutex(name).expect("mutex").lock())
+            .await
+            .expect("lock");
+        let waiter = tokio::spawn({
+            let mutex = waiting.mutex(name).expect("mutex");
+            async move { mutex.lock_timeout(Duration::from_secs(2)).await }
+        });
+        eventually("the waiter queues", || {
+            queued_waiters(&server, &keys.hold).len() == 1
+        })
+        .await;
+        let planted = plant(&server, &keys.hold, "string");
 
-        // A waiting acquisition must touch the marker: it has to report the foreign value.
-        let waited = bounded("lock_timeout", mutex.lock_timeout(Duration::from_secs(2))).await;
-        let after = snapshot(&server, &keys.wait);
-        let err = waited.expect_err("a waiting acquisition must report the foreign marker");
+        // The waiter's next attempt (at the latest when its patience runs out) reports it.
+        let waited = bounded("lock_timeout", waiter).await.expect("join");
+        let err = waited.expect_err("a waiting acquisition must report the foreign hold");
         assert_wrong_type(&err, name, &format!("{mode:?} lock_timeout while held"));
-        assert_eq!(after, planted, "{mode:?}: marker value changed");
+        assert_eq!(snapshot(&server, &keys.hold), planted, "{mode:?}: changed");
+        let err = bounded("unlock", holder.unlock())
+            .await
+            .expect_err("the hold key is no longer a hash");
+        assert_wrong_type(&err, name, &format!("{mode:?} unlock"));
+        assert_eq!(snapshot(&server, &keys.hold), planted, "{mode:?}: changed");
+        assert_eq!(waiting.stats().waiting, 0, "{mode:?}: waiter left behind");
 
-        // Releasing must not delete the foreign value either.
-        let released = bounded("unlock", holder.unlock()).await;
+        // Cleared, the lock works again; the old marker's value was never touched.
+        server.cmd(&["DEL", &keys.hold]);
+        let guard = bounded("lock", waiting.mutex(name).expect("mutex").lock())
+            .await
+            .expect("lock again");
+        bounded("unlock", guard.unlock()).await.expect("unlock");
+        assert_eq!(snapshot(&server, &old_marker), marker, "{mode:?}: marker");
+        server.cmd(&["DEL", &old_marker]);
+        shutdown(&holding).await;
+        shutdown(&waiting).await;
+    }
+}
+
+/// A release grants the lock to a queued waiter through its client's inbox,
+/// `<events key>:to:<client tag>`: a stream in Stream mode (which the client keeps), a channel
+/// in Pub/Sub mode (no key). A foreign value under that name is left alone: in Stream mode the
+/// grant passes the waiter over (the lock is freed) and the waiter takes the lock when it looks
+/// again; in Pub/Sub mode the value is not the inbox and the grant reaches the waiter. Either
+/// way the waiter gets the lock with the next token, and the holder's unlock succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_value_at_a_waiters_inbox_is_left_alone() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("fail-wt-inbox-{}", mode.as_str());
+        let holding = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let name = "inbox-planted";
+        let keys = mutex_keys(&prefix, 1, name);
+        let holder = bounded("lock", holding.mutex(name).expect("mutex").lock())
+            .await
+            .expect("lock");
+        let token = holder.fencing_token();
+        let waiter = tokio::spawn({
+            let mutex = waiting.mutex(name).expect("mutex");
+            async move { mutex.lock().await }
+        });
+        eventually("the waiter queues", || {
+            queued_waiters(&server, &keys.hold).len() == 1
+        })
+        .await;
+        // The waiter's line names its client's inbox.
+        let tags = queued_inbox_tags(&server, &keys.hold);
+        let inbox = format!("{{{prefix}:events}}:to:{}", tags[0]);
+        let inboxes = inbox_keys(&server, &prefix);
+        if mode == NotificationMode::Stream {
+            assert_eq!(inboxes.len(), 2, "one inbox per client: {inboxes:?}");
+            assert!(inboxes.contains(&inbox), "{inbox:?} not in {inboxes:?}");
+        } else {
+            assert!(inboxes.is_empty(), "{mode:?}: inbox keys {inboxes:?}");
+        }
+        let planted = plant(&server, &inbox, "string");
+
+        bounded("unlock", holder.unlock())
+            .await
+            .unwrap_or_else(|e| panic!("{mode:?} unlock: {e}"));
+        let next = bounded("the waiter acquires", waiter)
+            .await
+            .expect("join")
+            .unwrap_or_else(|e| panic!("{mode:?} waiter: {e}"));
+        assert_eq!(next.fencing_token(), token + 1, "{mode:?}: the next token");
         assert_eq!(
-            snapshot(&server, &keys.wait),
+            snapshot(&server, &inbox),
             planted,
-            "{mode:?}: release deleted the foreign value ({released:?})"
+            "{mode:?}: inbox changed"
         );
-        server.cmd(&["DEL", &keys.wait]);
-        shutdown(&locks).await;
+        bounded("unlock", next.unlock()).await.expect("unlock");
+        assert_eq!(
+            snapshot(&server, &inbox),
+            planted,
+            "{mode:?}: inbox changed"
+        );
+        server.cmd(&["DEL", &inbox]);
+        shutdown(&holding).await;
+        shutdown(&waiting).await;
     }
 }
 
@@ -278,16 +383,16 @@ fn acceptable<T: std::fmt::Debug>(what: &str, result: Result<T, Error>) -> bool 
 async fn foreign_values_under_every_key_are_refused_and_left_alone() {
     init_tracing();
     let server = RedisServer::start();
-    // (lock kind, role, whether our value there is a string)
+    // (lock kind, role, whether our value there is a string). The exclusive locks keep their
+    // hold and wait queue in one hash; "inbox" is the client's inbox stream (Stream mode only:
+    // in Pub/Sub modes an inbox is a channel), where a release grants the lock to a waiter.
     let roles: &[(&str, &str, bool)] = &[
         ("mutex", "", false),
         ("mutex", "fence", true),
-        ("mutex", "wait", true),
+        ("mutex", "inbox", false),
         ("fair", "", false),
         ("fair", "fence", true),
-        ("fair", "queue", false),
-        ("fair", "alive", false),
-        ("fair", "bids", false),
+        ("fair", "inbox", false),
         ("rw", "", false),
         ("rw", "fence", true),
         ("rw", "readers", false),
@@ -310,7 +415,21 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
             let before = bystander.state().await.unwrap();
 
             let name = "target";
+            if role == "inbox" && mode != NotificationMode::Stream {
+                assert!(
+                    inbox_keys(&server, &prefix).is_empty(),
+                    "{mode:?}: inbox keys"
+                );
+                drop(held);
+                locks.shutdown().await.unwrap();
+                continue;
+            }
             let key = match (kind, role) {
+                (_, "inbox") => {
+                    let inboxes = inbox_keys(&server, &prefix);
+                    assert_eq!(inboxes.len(), 1, "one client, one inbox: {inboxes:?}");
+                    inboxes[0].clone()
+                }
                 ("shard", "events") => format!("{{{prefix}:events}}"),
                 ("shard", role) => format!("{{{prefix}:events}}:{role}"),
                 // Fencing tokens are counted per shard: one fence key for every lock kind.
@@ -331,7 +450,8 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
                 "rw" => rw.try_write().await.unwrap().map(LockGuard::from),
                 _ => mutex.try_lock().await.unwrap().map(LockGuard::from),
             };
-            // A waiter makes releases emit (marker / queue), so event keys are written.
+            // A waiter makes releases hand the lock over, grant it (to an inbox) or emit (the
+            // read-write lock's queue), so those keys are written.
             let waiting = {
                 let (mutex, fair, rw) = (mutex.clone(), fair.clone(), rw.clone());
                 let kind = kind.to_owned();

@@ -13,8 +13,9 @@ use fredlock::{
     MIN_LEASE,
 };
 use support::{
-    blackhole, bounded, connect, eventually, exists, fence_value, hold_owner, init_tracing,
-    is_client_marker, layout_key, mutex_keys, sharded_config, shown, shutdown, RedisServer, MODES,
+    blackhole, bounded, connect, eventually, fence_value, hold_owner, init_tracing,
+    is_client_marker, is_inbox, layout_key, mutex_keys, queued_waiters, sharded_config, shown,
+    shutdown, RedisServer, MODES,
 };
 
 // ---------------------------------------------------------------------------
@@ -119,7 +120,7 @@ async fn invalid_names_leases_and_timeouts_are_typed_errors() {
     bounded("unlock", guard.unlock()).await.expect("unlock");
 
     // Nothing was written for the rejected names: only the layout record, this client's
-    // marker, the (one) shard's fence key and events, and the two valid locks.
+    // marker and inbox, the (one) shard's fence key and events, and the two valid locks.
     let keys = server.keys(&format!("*{prefix}*"));
     let fence = mutex_keys(prefix, 1, "leases").fence;
     assert!(
@@ -127,6 +128,7 @@ async fn invalid_names_leases_and_timeouts_are_typed_errors() {
             || k.contains('é')
             || *k == layout_key(prefix)
             || is_client_marker(prefix, k)
+            || is_inbox(prefix, k)
             || *k == fence
             || k.ends_with(":events")
             || k.ends_with(":seq")),
@@ -136,6 +138,10 @@ async fn invalid_names_leases_and_timeouts_are_typed_errors() {
     assert!(
         keys.iter().filter(|k| is_client_marker(prefix, k)).count() <= 1,
         "one client, at most one marker: {keys:?}"
+    );
+    assert!(
+        keys.iter().filter(|k| is_inbox(prefix, k)).count() <= 1,
+        "one client, at most one inbox: {keys:?}"
     );
     shutdown(&locks).await;
 }
@@ -161,7 +167,8 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
         let shards = 16;
         let locks = connect(sharded_config(&server.url(), &prefix, mode, shards)).await;
         let rival = connect(sharded_config(&server.url(), &prefix, mode, shards)).await;
-        // The last token seen per shard fence key: tokens strictly increase per shard.
+        // The last token of each shard's fence key: a take of a new lock name reads the fence
+        // key, and its token is above every token the key issued.
         let mut last_tokens: HashMap<String, u64> = HashMap::new();
         for name in names {
             let keys = mutex_keys(&prefix, shards, name);
@@ -193,7 +200,8 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 "{mode:?} {name:?}: token {token} after {last_token} in the same shard"
             );
 
-            // A waiter from another client leaves the waiter marker.
+            // A waiter from another client queues in the hold (one line), and leaves the queue
+            // when its patience runs out; the hold is untouched.
             let other = rival.mutex(name).expect("mutex");
             let waited = bounded(
                 "lock_timeout",
@@ -203,23 +211,24 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
             .expect("lock_timeout");
             assert!(waited.is_none(), "{mode:?} {name:?}: lock is held");
             assert!(
-                exists(&server, &keys.wait),
-                "{mode:?} {name:?}: waiter marker {:?}",
-                keys.wait
+                queued_waiters(&server, &keys.hold).is_empty(),
+                "{mode:?} {name:?}: the waiter stayed queued"
+            );
+            assert_eq!(
+                hold_owner(&server, &keys.hold).as_deref(),
+                Some(guard.owner().id()),
+                "{mode:?} {name:?}: the hold changed"
             );
 
-            // Every key of the lock carries the same (our) hash tag first.
+            // Every key of the lock carries the same (our) hash tag first: its one key, the
+            // hold hash (hold and wait queue).
             let all = server.keys("*");
             let ours: Vec<&String> = all
                 .iter()
                 .filter(|k| k.ends_with(name) && k.contains(":mutex"))
                 .filter(|k| k.starts_with(&format!("{{{prefix}:")))
                 .collect();
-            assert_eq!(ours.len(), 2, "{mode:?} {name:?}: {ours:?}");
-            assert!(
-                ours.contains(&&keys.hold) && ours.contains(&&keys.wait),
-                "{mode:?} {name:?}: {ours:?}"
-            );
+            assert_eq!(ours, [&keys.hold], "{mode:?} {name:?}");
             for key in &ours {
                 assert!(
                     key.starts_with(&keys.tag),
@@ -228,12 +237,16 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 );
             }
 
-            // A waiting rival is woken by the release and gets the next token.
+            // A waiting rival (queued in the hold) is granted the lock by the release: the next
+            // token of the lock, f + 1, which leaves the shard's fence key as it was.
             let waiter = tokio::spawn({
                 let other = other.clone();
                 async move { other.lock().await }
             });
-            eventually("rival waits", || rival.stats().waiting == 1).await;
+            eventually("rival queues", || {
+                queued_waiters(&server, &keys.hold).len() == 1
+            })
+            .await;
             bounded("unlock", guard.unlock())
                 .await
                 .unwrap_or_else(|e| panic!("{mode:?} unlock {name:?}: {e}"));
@@ -241,9 +254,9 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 .await
                 .expect("join")
                 .expect("rival lock");
-            assert!(next.fencing_token() > token);
-            assert_eq!(fence_value(&server, &keys.fence).0, next.fencing_token());
-            last_tokens.insert(keys.fence.clone(), next.fencing_token());
+            assert_eq!(next.fencing_token(), token + 1, "{mode:?} {name:?}");
+            assert_eq!(fence_value(&server, &keys.fence).0, token);
+            last_tokens.insert(keys.fence.clone(), token);
             bounded("unlock", next.unlock()).await.expect("unlock");
             let state = bounded("state", mutex.state()).await.expect("state");
             assert!(!state.locked, "{mode:?} {name:?}: {state:?}");
@@ -397,7 +410,6 @@ async fn invalid_configs_are_refused_before_any_network_call() {
         ("1 ms watchdog_lease", |c| {
             c.watchdog_lease = Duration::from_millis(1)
         }),
-        ("zero waiter_grace", |c| c.waiter_grace = Duration::ZERO),
         ("zero reconnect_max_delay", |c| {
             c.reconnect_max_delay = Duration::ZERO
         }),
@@ -477,7 +489,7 @@ fn errors_display_and_config_hides_passwords() {
         Error::OutOfMemory(fred()),
         Error::Redis(fred()),
         Error::Protocol {
-            script: "mutex_acquire",
+            script: "hold_acquire",
             detail: "nonsense".into(),
         },
         Error::NotHeld {

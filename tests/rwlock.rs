@@ -563,7 +563,7 @@ async fn a_waiting_writer_goes_before_every_reader_that_came_after_it() {
 }
 
 #[test]
-fn one_write_release_wakes_queued_readers_in_several_processes_with_one_event() {
+fn one_write_release_wakes_queued_readers_with_one_event_per_process() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
@@ -594,6 +594,17 @@ fn one_write_release_wakes_queued_readers_in_several_processes_with_one_event() 
         }
         let seq_key = format!("{{{prefix}:events}}:seq");
         let events_before = server.cmd(&["GET", &seq_key]).as_int_or_zero();
+        let inboxes = server.keys(&format!("{{{prefix}:events}}:to:*"));
+        let inbox_events = |server: &RedisServer| -> i64 {
+            match mode {
+                NotificationMode::Stream => inboxes
+                    .iter()
+                    .map(|inbox| server.cmd(&["XLEN", inbox]).as_int())
+                    .sum(),
+                _ => 0,
+            }
+        };
+        let inbox_events_before = inbox_events(&server);
         runtime.block_on(writer.unlock()).unwrap();
         let mut wakeups = 0;
         for worker in workers {
@@ -605,9 +616,18 @@ fn one_write_release_wakes_queued_readers_in_several_processes_with_one_event() 
                 .expect("wakeups");
         }
         // Readers release too, but the last read release only emits when waiters are queued,
-        // and none are left then: the write release was the one event that let 8 readers in.
+        // and none are left then: the write release let 8 readers in with one event into the
+        // inbox of each of the two processes, none on the shared stream or channel.
         let events = server.cmd(&["GET", &seq_key]).as_int_or_zero() - events_before;
-        assert_eq!(events, 1, "{mode:?}: one event for the whole release");
+        assert_eq!(events, 0, "{mode:?}: an event for every process");
+        if mode == NotificationMode::Stream {
+            assert_eq!(inboxes.len(), 3, "{mode:?}: this client's and two workers' inboxes");
+            assert_eq!(
+                inbox_events(&server) - inbox_events_before,
+                2,
+                "{mode:?}: one event per process"
+            );
+        }
         assert!(wakeups >= 8, "{mode:?}: {wakeups} wakeups for 8 readers");
         assert_no_leftovers(&server, &prefix, "fanout");
         runtime.block_on(locks.shutdown()).unwrap();

@@ -132,7 +132,7 @@ pub async fn handoff_batch(
         .await
         .map_err(|err| format!("hand-off holder: {err}"))?;
     let mutex = waiting.fair_mutex(&name).map_err(|err| err.to_string())?;
-    let queue = fair_hold_key(prefix, &name);
+    let hold = fair_hold_key(prefix, &name);
     // (acquired, unlock called)
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Instant)>();
     let started = Instant::now();
@@ -149,11 +149,9 @@ pub async fn handoff_batch(
         }));
     }
     drop(tx);
-    while queued(holder.redis(), &queue).await? < n as u64 {
+    while queued(holder.redis(), &hold).await? < n as u64 {
         if started.elapsed() > HANG {
-            return Err(format!(
-                "not all {n} waiters joined {queue} within {HANG:?}"
-            ));
+            return Err(format!("not all {n} waiters joined {hold} within {HANG:?}"));
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

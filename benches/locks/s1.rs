@@ -29,7 +29,7 @@ pub struct S1Result {
     /// The peers' cycles, interleaved with fredlock's.
     pub peers: Vec<(LockKind, Summary)>,
     /// The floor: two `EVALSHA`s of a script that only does `return 1`, with the keys and
-    /// arguments of `mutex_acquire` and then `mutex_release` (measured after the cycles).
+    /// arguments of `hold_acquire` and then `hold_release` (measured after the cycles).
     pub floor: Summary,
     /// Redis command statistics of `cycles` fredlock cycles alone.
     pub commands: CommandStats,
@@ -137,8 +137,8 @@ async fn peer_cycle(lock: &AnyLock) -> Result<Duration, String> {
 }
 
 /// What two script round trips cost by themselves through fred: `EVALSHA` of `return 1` with
-/// the 3 keys and 5 arguments of `mutex_acquire`, then with the 4 keys and 8 arguments of
-/// `mutex_release` (lengths as in fredlock's calls). A cycle can be no faster than this pair.
+/// the 3 keys and 7 arguments of `hold_acquire`, then with the 4 keys and 12 arguments of
+/// `hold_release` (lengths as in fredlock's calls). A cycle can be no faster than this pair.
 /// S1 times one pair after each cycle, so that both see the same machine.
 pub struct BarePair {
     pub sha: String,
@@ -155,19 +155,25 @@ impl BarePair {
 
     pub async fn run(&self, client: &Client) -> Result<Duration, String> {
         let id = "0123456789abcdef0123456789abcdef";
-        let acquire_keys = vec![
-            "{b:0}:mutex:s1",
-            "{b:0}:mutex.fence:s1",
-            "{b:0}:mutex.wait:s1",
-        ];
+        let acquire_keys = vec!["{b:0}:mutex:s1", "{b:0}:mutex.wait:s1", "{b:0}:fence"];
         let release_keys = vec![
             "{b:0}:mutex:s1",
             "{b:0}:mutex.wait:s1",
+            "{b:0}:fence",
             "{b:events}",
-            "{b:events}:seq",
         ];
-        let acquire_args = vec![id, "30000", id, "100", "0"];
-        let release_args = vec![id, "1", id, "0", "15000", "stream", "10000", "mutex:s1"];
+        let acquire_args = vec![
+            id,
+            "30000",
+            id,
+            "",
+            "0",
+            "0123456789abcdef",
+            "0v7 shards=16",
+        ];
+        let release_args = vec![
+            id, "1", id, "0", "15000", "stream", "10000", "mutex:s1", "", "", "0", "0",
+        ];
         let started = Instant::now();
         for (keys, args) in [(acquire_keys, acquire_args), (release_keys, release_args)] {
             let _: i64 = client

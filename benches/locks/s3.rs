@@ -165,7 +165,7 @@ async fn s3_round(
         .lock(false)
         .await
         .map_err(|err| format!("S3 holder: {err}"))?;
-    let queue = fair_hold_key(prefix, &name);
+    let hold = fair_hold_key(prefix, &name);
     let base = Instant::now();
     let mut queue_wait_max = Duration::ZERO;
     let mut last_arrival = base;
@@ -178,9 +178,9 @@ async fn s3_round(
             .await?;
         if lock == LockKind::Fair {
             // The next waiter arrives only once this one holds its place in the Redis queue.
-            while queued(side.redis(), &queue).await? < (i + 1) as u64 {
+            while queued(side.redis(), &hold).await? < (i + 1) as u64 {
                 if told.elapsed() > HANG {
-                    return Err(format!("S3 waiter {i} never joined the queue {queue}"));
+                    return Err(format!("S3 waiter {i} never joined the queue of {hold}"));
                 }
                 tokio::task::yield_now().await;
             }

@@ -6,14 +6,17 @@
 --   o  owner id of the holder; "" or absent when the lock is free
 --   c  hold count (re-entry depth)
 --   f  fencing token of the hold; while free, of the last hold (the next take continues it)
---   l  lease (ms) the holder asked for: how long a waiter may sleep before it looks again
+--   l  the hold's ttl (ms) as last set by a take, grant or renewal: how long a waiter may
+--      sleep before it looks again
 --   r  op id of the last applied call (for a grant or a hand-over: the new holder's waiter id)
 --   x  op ids of the releases that freed the lock lately, newest first, ","-joined, at most 64
 --      bytes (two op ids: more would take the hash out of Redis's compact listpack encoding)
 --   h  hand-overs in a row to a waiter of the releasing process (barging mutex)
 --   q  the wait queue, one line per waiter: "<waiter id> <inbox tag> <owner id> <lease ms>
 --      <grant ms>\n" (ids never contain spaces or newlines: owner ids are printable ASCII
---      without space, waiter ids hex, inbox tags alphanumeric)
+--      without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter that
+--      is only woken, never granted the lock (a Redlock round: it takes the lock on every
+--      instance itself)
 -- Every write sets the hash's ttl to the holder's lease; a lock freed with nobody queued stays
 -- a tombstone {o = "", f, r, x} for the retry window, so that a retried release (same op id,
 -- re-sent by the client after a broken connection) is answered "released", and a take within
@@ -23,14 +26,17 @@
 --
 -- Tokens: a take of a lock with no hash takes max(last + 1, server clock in us) from the
 -- shard's fence key (lib/fence.lua); every take, grant or hand-over while the hash exists
--- continues with f + 1. A chain of f + 1 steps starts from the clock and moves one per take,
--- slower than the clock (a take lasts far more than 1 us), so the next take from the fence is
--- above it too (docs/design.md, fencing).
+-- takes max(f + 1, server clock in us) without reading the fence. Each token is above the
+-- lock's previous one; none runs ahead of the clock (a take lasts far more than 1 us), so the
+-- next draw from the fence is above it too; and after a failover to a replica whose copy of
+-- the hash is older, the clock still puts the next token above every token the old primary
+-- issued (docs/design.md, fencing).
 --
 -- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, h, q}, with o = false when
 --                                      free (HMGET: a typed read, so a foreign value under the
 --                                      hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
+-- fl_clock_after(last)             -> max(last + 1, server clock in us), a decimal string
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
 -- fl_hold_write(hold, owner, token, lease, r, x, h, q) writes a new hold; returns token
@@ -39,12 +45,13 @@
 -- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
 -- fl_grant_next(hold, fields, q, x, events, mode, lock_id) -> true when granted
 --   Grants the lock to the first waiter of q whose client is there to hear it, dropping the
---   others: writes the hold in the waiter's name (token f + 1, for its grant ms, h = 0), and
---   sends the event "0|grant|<waiter>,<token>,<grant ms>|<lock id>" to its client's inbox
---   "<events>:to:<inbox tag>" (a stream capped near 100 entries, or a channel; sequence 0: an
---   inbox is not numbered). A
---   client is there when its inbox stream exists (its reader keeps it, `lua/inbox_keep.lua`)
---   or, in pub/sub modes, when the publish reached a subscriber. False when nobody was left.
+--   others (and waking, on the way, the waiters that are only woken: event
+--   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
+--   its grant ms, h = 0) before it sends anything (a write refused for want of memory then
+--   fails the whole script, before any event), and sends the event
+--   "0|grant|<waiter>,<token>,<grant ms>|<lock id>" to its client's inbox (fl_emit_to in
+--   lib/notify.lua, which also tells whether the client is there to hear it). False when
+--   nobody was left.
 -- fl_free(hold, op, x, window) leaves the tombstone of a freed lock
 local function fl_hold_read(hold)
   local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'h', 'q')
@@ -72,9 +79,18 @@ local function fl_freed_chain(op, older)
   end
 end
 
+local function fl_clock_after(last)
+  local clock = redis.call('TIME')
+  local token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  if token <= last then
+    token = last + 1
+  end
+  return fl_fence_text(token)
+end
+
 local function fl_hold_token(fields, fence, fence_arg)
   if fields[3] then
-    return fl_fence_text(tonumber(fields[3]) + 1)
+    return fl_clock_after(tonumber(fields[3]))
   end
   local last, refusal = fl_fence_read(fence, fence_arg)
   if not last then
@@ -128,35 +144,21 @@ local function fl_queue_without(q, waiter)
   return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
 end
 
-local function fl_deliver(inbox, mode, maxlen, payload)
-  if mode == 'stream' then
-    if redis.call('EXISTS', inbox) == 0 then
-      return false
-    end
-    local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', maxlen, '*', 'e', payload)
-    return type(added) ~= 'table' or not added.err
-  end
-  local command = 'PUBLISH'
-  if mode == 'spubsub' then
-    command = 'SPUBLISH'
-  end
-  return redis.call(command, inbox, payload) > 0
-end
-
 local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
-  local token = tonumber(fields[3])
+  local text
   while q ~= '' do
     local stop = string.find(q, '\n', 1, true)
     local line = string.sub(q, 1, stop - 1)
     q = string.sub(q, stop + 1)
-    local waiter, inbox, owner, lease, lasts =
-      string.match(line, '^(%S+) (%S+) (%S+) (%d+) (%d+)$')
-    if waiter then
-      local text = fl_fence_text(token + 1)
+    local waiter, inbox, owner, lasts = string.match(line, '^(%S+) (%S+) (%S+) %d+ (%d+)$')
+    if waiter and lasts == '0' then
+      fl_emit_to(events .. ':to:' .. inbox, mode, '0|name|' .. waiter .. '|' .. lock_id)
+    elseif waiter then
+      text = text or fl_clock_after(tonumber(fields[3]))
+      redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
+        'x', x, 'h', 0, 'q', q)
       local payload = '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. '|' .. lock_id
-      if fl_deliver(events .. ':to:' .. inbox, mode, 100, payload) then
-        redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lease, 'r', waiter,
-          'x', x, 'h', 0, 'q', q)
+      if fl_emit_to(events .. ':to:' .. inbox, mode, payload) then
         redis.call('PEXPIRE', hold, tonumber(lasts))
         return true
       end

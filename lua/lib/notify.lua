@@ -2,10 +2,11 @@
 -- release event. It is not a script of its own.
 --
 -- fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
---   events_key  the shard's stream (mode "stream") or channel (modes "pubsub", "spubsub")
+--   events_key  the shard's stream (mode "stream") or channel (the other modes)
 --   seq_key     the shard's event counter; every event carries the next value so a reader
 --               can tell when it missed one (trimmed stream, dropped pub/sub message)
---   mode        "stream" | "pubsub" | "spubsub"
+--   mode        "stream" | "pubsub" | "spubsub" (Redis Cluster 7+) | "bpubsub" (a cluster
+--               before Redis 7, where PUBLISH is broadcast to every node)
 --   maxlen      approximate stream cap (XADD MAXLEN ~), ignored for pub/sub
 --   lock_id     "<kind>:<name>", the key of the readers' local waiter queue
 --   rule        wake rule for the readers: "one" | "name" | "chain" | "all"
@@ -17,17 +18,16 @@
 -- the only field, "e", of a stream entry, or the pub/sub message.
 -- Returns nothing. Uses INCR, XADD MAXLEN ~, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
 --
--- fl_emit_direct(inbox, mode, lock_id, rule, target) -> true, or false when nothing was sent
---   An event for the waiters of ONE client (a fair grant): into that client's inbox, the
---   stream or channel "<events key>:to:<client tag>" (same hash tag as the shard's events
---   key), which only that client reads. Every other process's reader stays asleep. The inbox
---   numbers its events itself, with the counter "<inbox>:seq", so that its reader sees a gap
---   as on a shard's stream. In Stream mode the inbox is capped (MAXLEN ~ 100); the inbox and
---   its counter expire 5 minutes after the last event, so the inboxes of clients that are
---   gone disappear (a counter that expired starts again at 1, which readers accept). A
---   foreign value under either key is left alone and the function returns false: the caller
---   then emits on the shard's events key instead.
---   Uses INCR, XADD, PEXPIRE, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
+-- fl_emit_to(inbox, mode, payload) -> true when the client of that inbox is there to hear it
+--   An event for ONE client: into its inbox "<events key>:to:<inbox tag>" (same hash tag as
+--   the shard's events key), which only that client reads, so every other process stays
+--   asleep. Inbox events are not numbered (sequence 0): each names its waiters, and a waiter
+--   whose event is lost finds its due on its next attempt. Stream mode: the inbox must exist
+--   (its client's reader keeps it, lua/inbox_keep.lua; a dead client's inbox expires), and it
+--   is capped near 100 entries; a foreign value there counts as no client. Pub/Sub: the
+--   publish must reach a subscriber, except in a cluster before Redis 7 ("bpubsub"), whose
+--   PUBLISH count covers one node only: there every client counts as there.
+--
 local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
   local seq = redis.call('INCR', seq_key)
   local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
@@ -42,24 +42,17 @@ local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
   end
 end
 
-local function fl_emit_direct(inbox, mode, lock_id, rule, target)
-  local counter = inbox .. ':seq'
-  local seq = redis.pcall('INCR', counter)
-  if type(seq) == 'table' then
-    return false
-  end
-  redis.call('PEXPIRE', counter, 300000)
-  local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
+local function fl_emit_to(inbox, mode, payload)
   if mode == 'stream' then
-    local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', 100, '*', 'e', payload)
-    if type(added) == 'table' and added.err then
+    if redis.call('EXISTS', inbox) == 0 then
       return false
     end
-    redis.call('PEXPIRE', inbox, 300000)
-  elseif mode == 'spubsub' then
-    redis.call('SPUBLISH', inbox, payload)
-  else
-    redis.call('PUBLISH', inbox, payload)
+    local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', 100, '*', 'e', payload)
+    return type(added) ~= 'table' or not added.err
   end
-  return true
+  if mode == 'spubsub' then
+    return redis.call('SPUBLISH', inbox, payload) > 0
+  end
+  local reached = redis.call('PUBLISH', inbox, payload)
+  return reached > 0 or mode == 'bpubsub'
 end

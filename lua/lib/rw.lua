@@ -1,6 +1,6 @@
 -- rw.lua: library prelude for the read-write lock, prepended by src/scripts.rs (after
--- lib/queue.lua, whose fl_now it uses), and for the queue scripts shared with the fair lock
--- (queue_leave.lua, queue_heartbeat.lua). Not a script of its own.
+-- lib/queue.lua, whose fl_now it uses), also for its queue scripts (queue_leave.lua,
+-- queue_heartbeat.lua). Not a script of its own.
 --
 -- State of one read-write lock:
 --   hold hash      w = writer owner, wc = write count, wf = write fencing token,
@@ -25,25 +25,28 @@
 --                                         that list is incomplete (more admitted readers, or
 --                                         FL_RW_SCAN entries scanned without reaching a live
 --                                         writer)
--- fl_rw_announce(queue, alive, head, now, events, seq, mode, maxlen, lock_id) -> emits ONE
---                                         event for the live head `head`: a writer is named
---                                         (rule `name`, only it wakes); for a reader, rule
---                                         `chain` names the admitted readers: target = their
---                                         ids joined by ',' (waiter ids are 'r' or 'w' and hex
---                                         digits, never a ',' or '|'), or '*' when the list is
---                                         incomplete (every local reader of the lock wakes)
+-- fl_rw_announce(queue, alive, head, now, events, seq, mode, maxlen, lock_id) -> tells the
+--                                         live head `head`: a writer is named (rule `name`,
+--                                         only it wakes); for a reader, rule `chain` names the
+--                                         admitted readers: target = their ids joined by ','.
+--                                         A waiter id is 'r' or 'w', its client's inbox tag,
+--                                         '.', an op id (never a ',' or '|'), so each event
+--                                         goes to the inbox of the clients concerned alone:
+--                                         one `name` event, or one `chain` event per client
+--                                         with admitted readers, naming its own (fl_emit_to in
+--                                         lib/notify.lua). When a client is not there to hear
+--                                         it, or the list is incomplete, ONE event on the
+--                                         shard's stream or channel serves them all instead
+--                                         (target '*' when incomplete: every local reader of
+--                                         the lock wakes)
 -- fl_rw_wake(queue, alive, now, events, seq, mode, maxlen, lock_id) -> when waiters are
 --                                         queued, evicts dead heads and announces the first
 --                                         live one (above)
--- For the queue scripts, which serve both kinds and take the kind as an argument:
--- fl_queue_kind(kind)                  -> kind when it is "fair" or "rw"; raises an error
+-- For the queue scripts, which take the kind of the queue's lock as an argument:
+-- fl_queue_kind(kind)                  -> kind when it is "rw" (the only lock kind whose queue
+--                                         is kept apart from its hash); raises an error
 --                                         (before the script writes anything) otherwise
--- fl_queue_free(kind, hold)            -> true when nobody holds the lock exclusively: no
---                                         owner `o` (fair), no writer `w` (read-write; readers
---                                         may hold it)
--- fl_wake_head(kind, queue, alive, head, now, events, seq, mode, maxlen, lock_id) -> announces
---                                         `head` as above for a read-write lock, names it for
---                                         a fair lock
+-- fl_queue_free(hold)                  -> true when no writer `w` holds the lock (readers may)
 -- The wake functions need lib/queue.lua and lib/notify.lua before this file.
 local function fl_rw_purge(hold, readers, now)
   local expired = redis.call('ZRANGEBYSCORE', readers, '-inf', now)
@@ -130,17 +133,48 @@ local function fl_rw_admitted(queue, alive, now)
   return ids, true
 end
 
+local function fl_rw_inbox(events, id)
+  local tag = string.match(id, '^[rw](%w+)%.')
+  return tag and events .. ':to:' .. tag
+end
+
 local function fl_rw_announce(queue, alive, head, now, events, seq, mode, maxlen, lock_id)
   if string.sub(head, 1, 1) == 'w' then
-    fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
+    local inbox = fl_rw_inbox(events, head)
+    if not (inbox and fl_emit_to(inbox, mode, '0|name|' .. head .. '|' .. lock_id)) then
+      fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
+    end
     return
   end
   local ids, incomplete = fl_rw_admitted(queue, alive, now)
-  local target = '*'
-  if not incomplete and #ids > 0 then
-    target = table.concat(ids, ',')
+  if incomplete or #ids == 0 then
+    fl_emit(events, seq, mode, maxlen, lock_id, 'chain', '*')
+    return
   end
-  fl_emit(events, seq, mode, maxlen, lock_id, 'chain', target)
+  local inboxes, order = {}, {}
+  for _, id in ipairs(ids) do
+    local inbox = fl_rw_inbox(events, id)
+    if not inbox then
+      fl_emit(events, seq, mode, maxlen, lock_id, 'chain', table.concat(ids, ','))
+      return
+    end
+    if not inboxes[inbox] then
+      inboxes[inbox] = {}
+      order[#order + 1] = inbox
+    end
+    local mine = inboxes[inbox]
+    mine[#mine + 1] = id
+  end
+  local missed = {}
+  for _, inbox in ipairs(order) do
+    local target = table.concat(inboxes[inbox], ',')
+    if not fl_emit_to(inbox, mode, '0|chain|' .. target .. '|' .. lock_id) then
+      missed[#missed + 1] = target
+    end
+  end
+  if #missed > 0 then
+    fl_emit(events, seq, mode, maxlen, lock_id, 'chain', table.concat(missed, ','))
+  end
 end
 
 local function fl_rw_wake(queue, alive, now, events, seq, mode, maxlen, lock_id)
@@ -151,23 +185,12 @@ local function fl_rw_wake(queue, alive, now, events, seq, mode, maxlen, lock_id)
 end
 
 local function fl_queue_kind(kind)
-  if kind ~= 'fair' and kind ~= 'rw' then
-    error('ERR fredlock: unknown lock kind ' .. tostring(kind) .. ' (expected fair or rw)')
+  if kind ~= 'rw' then
+    error('ERR fredlock: unknown lock kind ' .. tostring(kind) .. ' (expected rw)')
   end
   return kind
 end
 
-local function fl_queue_free(kind, hold)
-  if kind == 'fair' then
-    return not redis.call('HGET', hold, 'o')
-  end
+local function fl_queue_free(hold)
   return not redis.call('HGET', hold, 'w')
-end
-
-local function fl_wake_head(kind, queue, alive, head, now, events, seq, mode, maxlen, lock_id)
-  if kind == 'rw' then
-    fl_rw_announce(queue, alive, head, now, events, seq, mode, maxlen, lock_id)
-  else
-    fl_emit(events, seq, mode, maxlen, lock_id, 'name', head)
-  end
 end

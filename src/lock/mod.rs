@@ -123,8 +123,9 @@ fn unexpected(script: &Script, reply: &[i64]) -> Error {
     }
 }
 
-/// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script), and
-/// `{1, token, count, remaining ms}` (a hold granted or handed to the caller already).
+/// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script), and the exclusive locks'
+/// `{1, token, count, remaining ms}` (a hold granted or handed to the caller already) and
+/// `{0, ttl, holder's token}`.
 pub(crate) fn acquire_reply(
     client: &LockClient,
     script: &Script,
@@ -141,6 +142,11 @@ pub(crate) fn acquire_reply(
         }),
         [0, ttl] => Ok(Attempt::Busy {
             ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
+            token: None,
+        }),
+        [0, ttl, token] => Ok(Attempt::Busy {
+            ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
+            token: Some(token.max(0) as u64),
         }),
         _ => Err(unexpected(script, reply)),
     }

@@ -26,12 +26,15 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 /// `FairMutex` also converts into a `Mutex` (`Mutex::from`) for code that picks the ordering
 /// at run time ([`is_fair`](Self::is_fair) tells which one a handle has).
 ///
-/// **Ordering** (barging): local first. A release whose process has a task waiting for the
-/// lock hands the lock straight to that task (one round trip, no event), at most
+/// **Ordering** (local first, then FIFO). A release whose process has a task waiting for the
+/// lock hands the lock straight to that task (no event), at most
 /// [`Config::handover_streak`](crate::Config::handover_streak) times in a row (3 by default);
-/// otherwise, or then, it frees the lock and whoever asks first gets it, queued or not, with
-/// one local waiter per process woken per release, in local arrival order. Fastest hand-off;
-/// no fairness across processes.
+/// otherwise, or then, it grants the lock to the waiter queued longest in Redis, and only
+/// that waiter's process hears of it (one event into its inbox): one release wakes one task
+/// of one process, however many wait. A free lock goes to whoever asks first (nobody is
+/// queued while it is free). Within the streak bound, hand-overs inside a process trade
+/// fairness for throughput, as `parking_lot`'s eventual fairness does; past it the queue
+/// decides.
 ///
 /// A fair lock and a barging lock with the same name are different locks.
 ///
@@ -64,11 +67,13 @@ pub struct Mutex(Handle);
 /// ask for this type.
 ///
 /// **Ordering.** Strict FIFO across all processes, in the order in which acquisitions joined
-/// the queue in Redis. [`try_lock`](Self::try_lock) fails when anyone is queued. A release
-/// grants the lock to the next waiter and wakes only it (no herd, and no script call of its
-/// own). A waiter whose process died is evicted within
-/// [`Config::waiter_lease`](crate::Config::waiter_lease); one that times out or is cancelled
-/// leaves the queue at once and passes the turn on.
+/// the queue in Redis, with no hand-over inside a process. [`try_lock`](Self::try_lock) fails
+/// while the lock is held (and nobody is queued while it is free). A release grants the lock
+/// to the next waiter and wakes only it (no herd, and no script call of its own). A waiter
+/// that times out or is cancelled leaves the queue at once and passes the turn on. A waiter
+/// whose process died is passed over (see [`Config::waiter_lease`](crate::Config::waiter_lease)).
+/// A holder whose process died takes the queue with it when its lease runs out: its waiters
+/// queue again in the order they notice.
 ///
 /// A fair lock and a barging lock with the same name are different locks. Re-entry,
 /// cancellation and leases work as for [`Mutex`], and `Mutex::from(fair)` gives the same lock
@@ -137,6 +142,7 @@ impl Mutex {
             keys,
             client,
             fair: false,
+            granted: true,
         };
         Ok(Mutex(Handle {
             inner: Acquirer::new(Arc::new(driver)),
@@ -149,8 +155,17 @@ impl Mutex {
         self.0.fair
     }
 
-    pub(crate) fn driver(&self) -> &Arc<dyn Driver> {
-        &self.0.inner.driver
+    /// The driver of one instance of a [`Redlock`](crate::Redlock): the barging mutex of that
+    /// name, whose waiters queue only to be woken. A release never grants them the lock: a
+    /// Redlock round must take it on every instance itself, with its own validity.
+    pub(crate) fn redlock_instance(client: LockClient, name: &str) -> Result<Arc<dyn Driver>> {
+        let keys = client.keyspace().lock("mutex", name)?;
+        Ok(Arc::new(ExclusiveDriver {
+            keys,
+            client,
+            fair: false,
+            granted: false,
+        }))
     }
 }
 
@@ -161,6 +176,7 @@ impl FairMutex {
             keys,
             client,
             fair: true,
+            granted: true,
         };
         Ok(FairMutex(Handle {
             inner: Acquirer::new(Arc::new(driver)),
@@ -263,6 +279,9 @@ pub(crate) struct ExclusiveDriver {
     keys: LockKeys,
     /// FIFO across all waiters: no hand-over to a waiter of the releasing process.
     fair: bool,
+    /// Whether a release may grant the lock to a queued waiter of this handle (false for a
+    /// Redlock instance: its waiters are only woken).
+    granted: bool,
 }
 
 /// The `KEYS[2]` of the `hold_*` scripts (unused by them: the canonical order keeps its place).
@@ -333,20 +352,15 @@ impl Driver for ExclusiveDriver {
     ) -> BoxFuture<'static, Result<Attempt>> {
         Box::pin(async move {
             let core = self.client.core();
-            let (waiter, grant_ms) = if waiting {
-                (waiter.as_ref(), core.config.waiter_lease.as_millis() as i64)
-            } else {
-                ("", 0)
+            let (waiter, grant_ms) = match (waiting, self.granted) {
+                (false, _) => ("", 0),
+                (true, true) => (waiter.as_ref(), core.config.waiter_lease.as_millis() as i64),
+                (true, false) => (waiter.as_ref(), -1),
             };
             let script = &SCRIPTS.hold_acquire;
-            let args = ScriptArgs::acquire(
-                owner.id(),
-                lease.as_millis() as i64,
-                &op,
-                waiter,
-                grant_ms,
-            )
-            .extra([core.inbox_tag.as_ref().into()]);
+            let args =
+                ScriptArgs::acquire(owner.id(), lease.as_millis() as i64, &op, waiter, grant_ms)
+                    .extra([core.inbox_tag.as_ref().into()]);
             let keys = self.script_keys().through(Key::Fence);
             let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
             acquire_reply(&self.client, script, &reply)

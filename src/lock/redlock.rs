@@ -73,7 +73,7 @@ impl Redlock {
             .ok_or_else(|| Error::InvalidConfig("a Redlock needs at least one client".into()))?;
         let instances = clients
             .iter()
-            .map(|client| Mutex::barging(client.clone(), name).map(|m| m.driver().clone()))
+            .map(|client| Mutex::redlock_instance(client.clone(), name))
             .collect::<Result<Vec<_>>>()?;
         Ok(Redlock {
             name: name.to_owned(),

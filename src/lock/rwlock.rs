@@ -21,7 +21,7 @@ use crate::lock::{
     Acquirer,
 };
 use crate::notify::WaitKind;
-use crate::owner::Owner;
+use crate::owner::{op_id, Owner};
 use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// A distributed read-write lock (Redisson's `RReadWriteLock`, done with fair hand-offs).
@@ -251,11 +251,14 @@ impl Driver for RwDriver {
         self.mode.as_str()
     }
 
-    fn waiter_prefix(&self) -> &'static str {
-        match self.mode {
-            Mode::Read => "r",
-            Mode::Write => "w",
-        }
+    /// `r` or `w`, the inbox tag of the client, `.`, an op id: a release that lets this
+    /// waiter in sends its event to that inbox alone (`fl_rw_announce` in `lua/lib/rw.lua`).
+    fn waiter_id(&self) -> Arc<str> {
+        let side = match self.mode {
+            Mode::Read => 'r',
+            Mode::Write => 'w',
+        };
+        format!("{side}{}.{}", self.client.core().inbox_tag, op_id()).into()
     }
 
     fn try_acquire(

@@ -116,7 +116,8 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
         .map(|(i, key)| (key.clone(), i))
         .collect();
     let mut seq = Sequences::new(&reader);
-    let block = reader.config.notifier_block;
+    // Wake up in time to refresh the inboxes, whatever the configured block.
+    let block = reader.config.notifier_block.min(INBOX_TTL / 3);
     let options = Options {
         timeout: Some(block + reader.config.command_timeout),
         ..Options::default()

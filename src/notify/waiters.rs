@@ -14,13 +14,11 @@
 //!
 //! ## Wake rules
 //!
-//! * `one`: the first local waiter that is not already woken (barging locks: one attempt per
-//!   process per release, not a herd);
-//! * `grant`: only the waiter with that id, which a fair release already made the owner; the
-//!   event's token and times travel with the wakeup ([`Granted`]), so the waiter returns without
-//!   asking Redis (`lua/lib/fair.lua`);
-//! * `name`: only the waiter with that id (a fair lock left free, a writer at the head of a
-//!   read-write lock's queue);
+//! * `one`: the first local waiter that is not already woken;
+//! * `grant`: only the waiter with that id, which a release of an exclusive lock already made
+//!   the owner; the event's token and grant time travel with the wakeup ([`Granted`]), so the
+//!   waiter returns without asking Redis (`lua/lib/hold.lua`);
+//! * `name`: only the waiter with that id (a writer at the head of a read-write lock's queue);
 //! * `chain` (read-write lock, [`WakeRule::Chain`]): the readers that Redis admits now. The
 //!   script that frees the lock (`fl_rw_announce` in `lua/lib/rw.lua`) finds a reader at the
 //!   head of the Redis queue and lists the live readers from there up to the first live writer
@@ -70,7 +68,8 @@ pub(crate) struct Waiter {
     /// [`IDLE`], [`WOKEN_WITH_OTHERS`] or [`WOKEN`]; only ever raised by a wakeup.
     woken: AtomicU8,
     notify: Notify,
-    /// The latest hold a release granted to this waiter (fair lock), until it is looked at.
+    /// The latest hold a release granted to this waiter (exclusive locks), until it is looked
+    /// at.
     granted: std::sync::Mutex<Option<Granted>>,
     /// What it asks for, if a release of this process may hand it the lock.
     pub(super) bid: Option<Bid>,

@@ -123,3 +123,42 @@ pub fn snapshot(server: &RedisServer, key: &str) -> Resp {
     let ttl = server.cmd(&["PTTL", key]);
     Resp::Array(Some(vec![kind, value, ttl]))
 }
+
+/// The inbox keys (Stream mode) of the clients of `prefix` on a single Redis:
+/// `{P:events}:to:<client tag>`, sorted. In Pub/Sub modes an inbox is a channel: none.
+pub fn inbox_keys(server: &RedisServer, prefix: &str) -> Vec<String> {
+    server
+        .keys(&format!("{{{prefix}:events}}:to:*"))
+        .into_iter()
+        .filter(|key| is_inbox(prefix, key))
+        .collect()
+}
+
+/// Whether `key` is the inbox of one client of `prefix`: `<events key>:to:<16 hex digits>`,
+/// beside the one event stream of a single Redis (`{P:events}`) or a shard's (`{P:s}:events`).
+pub fn is_inbox(prefix: &str, key: &str) -> bool {
+    let Some((events, tag)) = key.rsplit_once(":to:") else {
+        return false;
+    };
+    let shard_events = events
+        .strip_prefix(&format!("{{{prefix}:"))
+        .and_then(|rest| rest.strip_suffix("}:events"))
+        .is_some_and(|shard| !shard.is_empty() && shard.bytes().all(|b| b.is_ascii_digit()));
+    (events == format!("{{{prefix}:events}}") || shard_events)
+        && tag.len() == 16
+        && tag.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The inbox tag of each waiter queued in an exclusive lock's hash (field `q`), in queue
+/// order: the client whose inbox a grant goes to.
+pub fn queued_inbox_tags(server: &RedisServer, hold: &str) -> Vec<String> {
+    let queue = server
+        .cmd(&["HGET", hold, "q"])
+        .as_str()
+        .unwrap_or_default();
+    queue
+        .lines()
+        .filter_map(|line| line.split(' ').nth(1))
+        .map(str::to_owned)
+        .collect()
+}
