@@ -70,7 +70,10 @@ pub fn hold_owner(server: &RedisServer, hold: &str) -> Option<String> {
 /// The waiter ids queued in an exclusive lock's hash (field `q`, one line per waiter), in
 /// queue order.
 pub fn queued_waiters(server: &RedisServer, hold: &str) -> Vec<String> {
-    let queue = server.cmd(&["HGET", hold, "q"]).as_str().unwrap_or_default();
+    let queue = server
+        .cmd(&["HGET", hold, "q"])
+        .as_str()
+        .unwrap_or_default();
     queue
         .lines()
         .filter_map(|line| line.split(' ').next())
