@@ -34,7 +34,7 @@ local waiter_lease, inbox, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 
 local fields = fl_hold_read(hold)
 local current = fields[1]
-if current and waiter ~= '' and fields[5] == waiter then
+if current and waiter ~= '' and fields[9] == waiter then
   return {1, tonumber(fields[3]), tonumber(fields[2]), redis.call('PTTL', hold)}
 end
 if current == owner then
@@ -51,7 +51,7 @@ if not current then
   if not token then
     return redis.error_reply(refusal)
   end
-  fl_hold_write(hold, owner, token, lease, op, fields[6], 0, '')
+  fl_hold_write(hold, owner, token, lease, op, fields[6], 0, '', '')
   return {1, tonumber(token), 1}
 end
 

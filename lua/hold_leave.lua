@@ -1,6 +1,7 @@
 -- hold_leave.lua: a waiter of an exclusive lock gives up (timeout, cancellation): it leaves
 -- the queue, and a hold that a release granted it meanwhile (which it never took up) passes
--- to the next waiter. Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
+-- to the next waiter (or, when another task of the same owner re-entered it meanwhile, loses
+-- the level that was this waiter's). Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
 -- KEYS[2] marker   unused (kept for the canonical order)
@@ -18,7 +19,14 @@ local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[
 
 local fields = fl_hold_read(hold)
 local queue, queued = fl_queue_without(fields[8], waiter)
-if fields[1] and fields[5] == waiter then
+if fields[1] and fields[9] == waiter then
+  local count = tonumber(fields[2])
+  if count > 1 then
+    -- Another task of the same owner re-entered the grant meanwhile: it keeps the lock, one
+    -- level fewer (the level that was this waiter's).
+    redis.call('HSET', hold, 'c', count - 1, 'g', '')
+    return {1}
+  end
   local freed_by = fl_freed_chain(waiter, fields[6])
   if not fl_grant_next(hold, fields, queue, freed_by, events, mode, lock_id) then
     fl_free(hold, waiter, freed_by, window)

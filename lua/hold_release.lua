@@ -39,7 +39,7 @@ if fields[5] == op then
   return {1, count or 0}
 end
 if fields[6] and string.find(',' .. fields[6] .. ',', ',' .. op .. ',', 1, true) then
-  if successor_waiter ~= '' and fields[5] == successor_waiter then
+  if successor_waiter ~= '' and fields[9] == successor_waiter then
     return {1, 0, tonumber(fields[3])}
   end
   return {1, 0}
@@ -61,7 +61,7 @@ if successor ~= '' and streak < streak_cap then
   local queue = fl_queue_without(fields[8], successor_waiter)
   local next_token = fl_clock_after(tonumber(fields[3]))
   fl_hold_write(hold, successor, next_token, successor_lease, successor_waiter, freed_by,
-    streak + 1, queue)
+    streak + 1, queue, successor_waiter)
   return {1, 0, tonumber(next_token)}
 end
 if not fl_grant_next(hold, fields, fields[8] or '', freed_by, events, mode, lock_id) then

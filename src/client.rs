@@ -692,8 +692,8 @@ pub struct ClientStats {
     /// Acquire calls abandoned by their caller (dropped future) that are still being finished
     /// in the background; each releases the lock if its call obtained it.
     pub orphaned_attempts: usize,
-    /// Waiters of this client that hold a place in a read-write lock's queue in Redis and are
-    /// kept alive by its heartbeat.
+    /// Waiters of this client that hold a place in a queue in Redis, which its heartbeat
+    /// watches.
     pub queued_in_redis: usize,
     /// Acquire attempts repeated after a transient failure (see
     /// [`Config::transient_retry`](crate::Config::transient_retry)) since start.

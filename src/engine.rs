@@ -132,15 +132,11 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn waiter_id(&self) -> Arc<str> {
         op_id().into()
     }
-    /// For locks whose queued waiters the client's heartbeat keeps alive: this lock's script
-    /// keys (its kind and its group in the batched heartbeat, `lua/queue_heartbeat.lua`).
+    /// For locks whose waiting attempts join a queue in Redis (which the waiter must leave,
+    /// [`Driver::abandon`], when it gives up): this lock's script keys, its kind and its group
+    /// in the client's batched heartbeat over its queued waiters (`crate::queue`).
     fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
         None
-    }
-    /// Whether a waiting attempt that fails joins a queue in Redis, which the waiter must
-    /// leave ([`Driver::abandon`]) when it gives up.
-    fn waits_in_redis(&self) -> bool {
-        self.wait_queue().is_some()
     }
     /// Leaves the Redis-side wait queue after a timeout or cancellation. Default: nothing.
     fn abandon(self: Arc<Self>, _waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
@@ -669,8 +665,9 @@ fn start_attempt(
     })
 }
 
-/// A waiter's place in a Redis-side wait queue: kept alive by the client's heartbeat while the
-/// acquisition waits (read-write lock), and left when it ends without the lock.
+/// A waiter's place in a Redis-side wait queue: watched (and, for the read-write lock, kept
+/// alive) by the client's heartbeat while the acquisition waits, and left when it ends
+/// without the lock.
 struct QueuedInRedis {
     driver: Arc<dyn Driver>,
     waiter: Arc<str>,
@@ -689,14 +686,12 @@ impl QueuedInRedis {
     /// The attempt failed while waiting: the waiter is in the queue now (if the lock type
     /// queues), so the heartbeat must keep it alive.
     fn joined(&mut self) {
-        if !self.joined && self.driver.waits_in_redis() {
+        if !self.joined && self.driver.wait_queue().is_some() {
             self.joined = true;
-            if self.driver.wait_queue().is_some() {
-                self.driver
-                    .client()
-                    .queued()
-                    .join(self.waiter.clone(), self.driver.clone());
-            }
+            self.driver
+                .client()
+                .queued()
+                .join(self.waiter.clone(), self.driver.clone());
         }
     }
 

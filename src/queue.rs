@@ -1,14 +1,20 @@
-//! Waiter leases for the read-write lock's queue in Redis. (The exclusive locks keep their
-//! queue in the lock's hash and need none: a release passes over waiters whose client is gone,
-//! `lua/lib/hold.lua`.)
+//! The client's heartbeat over its waiters queued in Redis.
 //!
-//! A queued waiter must prove it is alive, or a crashed process would stall everyone behind
-//! it. Instead of one timer per waiter, each client keeps a registry of its queued waiters and
-//! ONE heartbeat task that, every third of the waiter lease, refreshes all of them with one
-//! script call per hash slot. The same call evicts dead waiters at the head of free locks and
-//! tells the new head, so a dead head stalls its queue for at most one waiter lease. A waiter
-//! that the heartbeat finds gone from the queue (evicted while its client was paused) is woken
-//! to try again; its next attempt re-joins the queue at the tail.
+//! Instead of one timer per waiter, each client keeps a registry of its queued waiters and ONE
+//! heartbeat task that, every third of the waiter lease, handles all of them with one script
+//! call per hash slot and lock family:
+//!
+//! * read-write locks (`lua/queue_heartbeat.lua`): a queued waiter must prove it is alive, or a
+//!   crashed process would stall everyone behind it. The call refreshes the waiters' leases,
+//!   evicts dead waiters at the head of free locks and tells the new head, so a dead head
+//!   stalls its queue for at most one waiter lease;
+//! * exclusive locks (`lua/hold_heartbeat.lua`, read only): a release passes over waiters whose
+//!   client is gone, but a grant to a client that died unnoticed lapses after the waiter lease
+//!   and takes the lock's hash, queue included, with it. The call finds the waiters whose place
+//!   is gone.
+//!
+//! A waiter that the heartbeat finds gone from its queue is woken to try again; its next
+//! attempt re-joins the queue at the tail, or takes the lock.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -62,14 +68,14 @@ pub(crate) async fn run_heartbeat(core: Arc<Core>, mut shutdown: watch::Receiver
 
 /// One heartbeat round over every queued waiter of the client.
 async fn beat(core: &Arc<Core>) {
-    // shard -> lock id -> (driver, waiter ids)
+    // (shard, read-write?) -> lock id -> (driver, waiter ids)
     type Locks = HashMap<Arc<str>, LockWaiters>;
-    let mut shards: HashMap<u16, Locks> = HashMap::new();
+    let mut shards: HashMap<(u16, bool), Locks> = HashMap::new();
     for entry in core.queued.waiters.iter() {
         let driver = entry.value();
         let keys = driver.keys();
         shards
-            .entry(keys.shard())
+            .entry((keys.shard(), keys.kind() == "rw"))
             .or_default()
             .entry(keys.id().clone())
             .or_insert_with(|| (driver.clone(), Vec::new()))
@@ -77,19 +83,44 @@ async fn beat(core: &Arc<Core>) {
             .push(entry.key().clone());
     }
     let mut calls = tokio::task::JoinSet::new();
-    for (_, locks) in shards {
+    for ((_, rw), locks) in shards {
         let locks: Vec<_> = locks.into_values().collect();
         for chunk in locks.chunks(MAX_LOCKS_PER_CALL) {
-            calls.spawn(beat_shard(core.clone(), chunk.to_vec()));
+            if rw {
+                calls.spawn(beat_shard(core.clone(), chunk.to_vec()));
+            } else {
+                calls.spawn(check_places(core.clone(), chunk.to_vec()));
+            }
         }
     }
     while calls.join_next().await.is_some() {}
 }
 
-/// Refreshes the waiters of up to [`MAX_LOCKS_PER_CALL`] locks of one shard.
 /// The waiters of one lock in one heartbeat call.
 type LockWaiters = (Arc<dyn Driver>, Vec<Arc<str>>);
 
+/// Finds which waiters of up to [`MAX_LOCKS_PER_CALL`] exclusive locks of one shard lost their
+/// place (`lua/hold_heartbeat.lua`), and wakes them.
+async fn check_places(core: Arc<Core>, locks: Vec<LockWaiters>) {
+    let Some((first_driver, _)) = locks.first() else {
+        return;
+    };
+    let script = &SCRIPTS.hold_heartbeat;
+    let mut keys = Vec::with_capacity(locks.len());
+    let mut args: Vec<Value> = Vec::new();
+    for (driver, waiters) in &locks {
+        keys.push(driver.keys().key(""));
+        args.push((waiters.len() as i64).into());
+        args.extend(waiters.iter().map(|w| Value::from(w.as_ref())));
+    }
+    let reply = core
+        .run(script, first_driver.keys().name(), keys, args)
+        .await
+        .and_then(|value| int_array(script.name(), value));
+    wake_the_displaced(&core, &locks, reply);
+}
+
+/// Refreshes the waiters of up to [`MAX_LOCKS_PER_CALL`] read-write locks of one shard.
 async fn beat_shard(core: Arc<Core>, locks: Vec<LockWaiters>) {
     let Some((first_driver, _)) = locks.first() else {
         return;
@@ -116,6 +147,12 @@ async fn beat_shard(core: Arc<Core>, locks: Vec<LockWaiters>) {
         .run(script, first_driver.keys().name(), keys, args)
         .await
         .and_then(|value| int_array(script.name(), value));
+    wake_the_displaced(&core, &locks, reply);
+}
+
+/// Wakes each waiter whose code in a heartbeat reply is 0 (not queued any more), so that it
+/// tries again (and joins the queue again if it still waits).
+fn wake_the_displaced(core: &Core, locks: &[LockWaiters], reply: crate::Result<Vec<i64>>) {
     match reply {
         Ok(codes) => {
             let waiters = locks
@@ -123,7 +160,6 @@ async fn beat_shard(core: Arc<Core>, locks: Vec<LockWaiters>) {
                 .flat_map(|(driver, ids)| ids.iter().map(move |id| (driver, id)));
             for ((driver, waiter), code) in waiters.zip(codes) {
                 if code == 0 {
-                    // Not queued any more: let it try again (and re-join if still waiting).
                     core.waiters
                         .dispatch(driver.keys().id(), &WakeRule::Named(waiter.to_string()));
                 }

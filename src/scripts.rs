@@ -135,6 +135,7 @@ scripts! {
     hold_release: [FENCE, NOTIFY, HOLD],
     hold_leave: [FENCE, NOTIFY, HOLD],
     hold_force_unlock: [FENCE, NOTIFY, HOLD],
+    hold_heartbeat: [FENCE, NOTIFY, HOLD],
     inbox_keep: [],
     queue_leave: [QUEUE, NOTIFY, RW],
     queue_heartbeat: [QUEUE, NOTIFY, RW],

@@ -81,6 +81,7 @@ const ACL_COMMANDS: &[&str] = &[
     "time",
     "type",
     "xadd",
+    "xdel",
     "zadd",
     "zcard",
     "zcount",

@@ -254,7 +254,7 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 .await
                 .expect("join")
                 .expect("rival lock");
-            assert_eq!(next.fencing_token(), token + 1, "{mode:?} {name:?}");
+            assert!(next.fencing_token() > token, "{mode:?} {name:?}");
             assert_eq!(fence_value(&server, &keys.fence).0, token);
             last_tokens.insert(keys.fence.clone(), token);
             bounded("unlock", next.unlock()).await.expect("unlock");
@@ -399,7 +399,7 @@ async fn invalid_configs_are_refused_before_any_network_call() {
         ("prefix of 65 chars", |c| c.key_prefix = "p".repeat(65)),
         ("stream_max_len 0", |c| c.stream_max_len = 0),
     ];
-    let invalid_duration: [(&str, Tweak); 9] = [
+    let invalid_duration: [(&str, Tweak); 8] = [
         ("zero connect_timeout", |c| {
             c.connect_timeout = Duration::ZERO
         }),

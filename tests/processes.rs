@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::KeysInterface;
 use fredlock::{Config, Lease, LockClient, MutexGuard, NotificationMode};
-use support::{config, fnv1a32, parse_mode, RedisServer, Resp, WorkerHandle, HANG};
+use support::{
+    config, find_hold, fnv1a32, parse_mode, queued_waiters, RedisServer, Resp, WorkerHandle, HANG,
+};
 
 // ---------------------------------------------------------------------------
 // Parameters and helpers
@@ -656,32 +658,30 @@ async fn notifier_killed(mode: NotificationMode, many_locks: bool) {
             "a waiter got a token not above the holder's: {tokens:?}"
         );
     }
-    // Tokens are counted per shard: unique in each shard, and the shard's fence key records
-    // the last of them, so no token was issued beyond the holders' and the waiters' (none
-    // went to a re-check after the reconnects).
+    // Each hand-off of a lock (a grant to a queued waiter, a local hand-over) takes its token
+    // from the lock's hash, above the previous one, so the tokens of a lock's waiters are
+    // distinct; and no waiter's take read the shard's fence key (every waiter got its lock
+    // while the hash existed), so it still records the last of the holders' first takes.
+    let mut per_lock: HashMap<&str, HashSet<u64>> = HashMap::new();
+    for (name, token) in &tokens {
+        assert!(
+            per_lock.entry(name.as_str()).or_default().insert(*token),
+            "{name}: token {token} issued twice: {tokens:?}"
+        );
+    }
     let shards = config(&server.url(), &prefix, mode).shards;
     let mut per_shard: HashMap<u32, Vec<u64>> = HashMap::new();
-    for (name, token) in held_tokens.iter().chain(tokens.iter().map(|(n, t)| (n, t))) {
+    for (name, token) in &held_tokens {
         let shard = fnv1a32(name.as_bytes()) % u32::from(shards);
         per_shard.entry(shard).or_default().push(*token);
     }
-    for (shard, issued) in &per_shard {
-        let distinct: HashSet<u64> = issued.iter().copied().collect();
-        assert_eq!(
-            distinct.len(),
-            issued.len(),
-            "shard {shard}: fencing tokens must be unique: {issued:?}"
-        );
+    for (shard, taken) in &per_shard {
         let fence = format!("{{{prefix}:{shard}}}:fence");
-        let value = server.cmd(&["GET", &fence]).as_str().expect("fence key");
-        let last: u64 = value
-            .split_once('|')
-            .and_then(|(last, _)| last.parse().ok())
-            .unwrap_or_else(|| panic!("{fence}: {value:?}"));
+        let (last, _) = support::fence_value(&server, &fence);
         assert_eq!(
             Some(&last),
-            issued.iter().max(),
-            "shard {shard}: the fence key's last token is not the last one seen"
+            taken.iter().max(),
+            "shard {shard}: the fence key's last token is not the holders' last"
         );
     }
     assert_eq!(locks.stats().waiting, 0);

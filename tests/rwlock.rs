@@ -621,7 +621,11 @@ fn one_write_release_wakes_queued_readers_with_one_event_per_process() {
         let events = server.cmd(&["GET", &seq_key]).as_int_or_zero() - events_before;
         assert_eq!(events, 0, "{mode:?}: an event for every process");
         if mode == NotificationMode::Stream {
-            assert_eq!(inboxes.len(), 3, "{mode:?}: this client's and two workers' inboxes");
+            assert_eq!(
+                inboxes.len(),
+                3,
+                "{mode:?}: this client's and two workers' inboxes"
+            );
             assert_eq!(
                 inbox_events(&server) - inbox_events_before,
                 2,

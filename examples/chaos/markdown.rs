@@ -122,8 +122,9 @@ pub fn render(
          (`--appendonly yes --appendfsync always`, except where a scenario says otherwise). \
          Worker processes (the example binary re-executed) each run the same number of tasks \
          on a `Mutex`, a fair `Mutex` and the write side of an `RwLock` at the same time, all \
-         with a watchdog lease (1 s for `sigstop` and `mixed`, 2 s otherwise; the waiter lease \
-         of the fair and read-write queues equals it; every other setting has its default, \
+         with a watchdog lease (1 s for `sigstop` and `mixed`, 2 s otherwise; the waiter lease, \
+         which bounds a grant to a waiter that died and a read-write queue place, equals \
+         it; every other setting has its default, \
          e.g. `transient_retry` 30 s). A task loops: `lock()`, critical section, `unlock()`, \
          retrying after errors.\n\n\
          The critical section works on a resource on a **separate** `redis-server`, so faults \

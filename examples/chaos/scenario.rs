@@ -128,8 +128,13 @@ impl Scenario {
             }
             Scenario::SigKill => {
                 "Every 3 s a worker process inside a critical section is SIGKILLed and a new \
-                 worker process is started in its place. Its holds (and fair-lock queue \
-                 places) are freed by lease expiry."
+                 worker process is started in its place. Its holds are freed by lease expiry \
+                 (the queue of an exclusive lock goes with its hold; the waiters look again \
+                 after the lease and queue again). A release passes over its queued waiters \
+                 once its client is gone (at once in Pub/Sub mode, when its inbox stream \
+                 expires, within 30 s, in Stream mode); a grant to one before that lapses \
+                 after the waiter lease. Its read-write queue places lapse after the waiter \
+                 lease."
             }
             Scenario::ScriptFlush => {
                 "`SCRIPT FLUSH` on the lock server every 200 ms: every script call may meet \

@@ -131,7 +131,10 @@ async fn connect_locks(options: &WorkerOptions, until: Instant) -> Option<LockCl
     config.notification = options.mode;
     config.watchdog_lease = options.lease;
     config.replica_acks = options.replica_acks;
-    // Dead waiters leave a fair queue within one lease, like dead holders.
+    // A release passes over the queued waiters of a killed worker once its client is gone (at
+    // once in Pub/Sub mode, when its inbox expires in Stream mode); a grant that reaches one
+    // before that blocks the lock for at most one lease, like a dead holder. The read-write
+    // lock's queue drops a dead waiter's place within one lease too.
     config.waiter_lease = options.lease;
     // Experiments: CHAOS_HANDOVER_STREAK overrides Config::handover_streak (0 turns the
     // barging mutex's local hand-over off).

@@ -9,6 +9,9 @@
 --   l  the hold's ttl (ms) as last set by a take, grant or renewal: how long a waiter may
 --      sleep before it looks again
 --   r  op id of the last applied call (for a grant or a hand-over: the new holder's waiter id)
+--   g  the waiter id of the acquisition a release granted or handed this hold to ("" for a
+--      hold its owner took itself): that acquisition's own attempts are answered "yours" even
+--      after another task of the same owner re-entered
 --   x  op ids of the releases that freed the lock lately, newest first, ","-joined, at most 64
 --      bytes (two op ids: more would take the hash out of Redis's compact listpack encoding)
 --   h  hand-overs in a row to a waiter of the releasing process (barging mutex)
@@ -32,14 +35,14 @@
 -- the hash is older, the clock still puts the next token above every token the old primary
 -- issued (docs/design.md, fencing).
 --
--- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, h, q}, with o = false when
+-- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, h, q, g}, with o = false when
 --                                      free (HMGET: a typed read, so a foreign value under the
 --                                      hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
 -- fl_clock_after(last)             -> max(last + 1, server clock in us), a decimal string
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
--- fl_hold_write(hold, owner, token, lease, r, x, h, q) writes a new hold; returns token
+-- fl_hold_write(hold, owner, token, lease, r, x, h, q, g) writes a new hold; returns token
 -- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
 -- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
 -- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
@@ -54,7 +57,7 @@
 --   nobody was left.
 -- fl_free(hold, op, x, window) leaves the tombstone of a freed lock
 local function fl_hold_read(hold)
-  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'h', 'q')
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'h', 'q', 'g')
   if v[1] == '' then
     v[1] = false
   end
@@ -99,9 +102,9 @@ local function fl_hold_token(fields, fence, fence_arg)
   return fl_fence_next(fence, fence_arg, last)
 end
 
-local function fl_hold_write(hold, owner, token, lease, r, x, h, q)
+local function fl_hold_write(hold, owner, token, lease, r, x, h, q, g)
   redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
-    'h', h, 'q', q)
+    'h', h, 'q', q, 'g', g)
   redis.call('PEXPIRE', hold, lease)
   return token
 end
@@ -111,9 +114,11 @@ local function fl_reenter(hold, fields, owner, op, lease)
   if fields[5] == op then
     return {1, token, count}
   end
-  redis.call('HSET', hold, 'c', count + 1, 'r', op)
   if redis.call('PTTL', hold) < lease then
+    redis.call('HSET', hold, 'c', count + 1, 'r', op, 'l', lease)
     redis.call('PEXPIRE', hold, lease)
+  else
+    redis.call('HSET', hold, 'c', count + 1, 'r', op)
   end
   return {1, token, count + 1}
 end
@@ -156,7 +161,7 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
     elseif waiter then
       text = text or fl_clock_after(tonumber(fields[3]))
       redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'h', 0, 'q', q)
+        'x', x, 'h', 0, 'q', q, 'g', waiter)
       local payload = '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. '|' .. lock_id
       if fl_emit_to(events .. ':to:' .. inbox, mode, payload) then
         redis.call('PEXPIRE', hold, tonumber(lasts))
@@ -168,6 +173,6 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
 end
 
 local function fl_free(hold, op, x, window)
-  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'h', 0, 'q', '')
+  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'h', 0, 'q', '', 'g', '')
   redis.call('PEXPIRE', hold, window)
 end

@@ -404,8 +404,8 @@ impl Driver for ExclusiveDriver {
         ))
     }
 
-    fn waits_in_redis(&self) -> bool {
-        true
+    fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
+        Some(self.script_keys())
     }
 
     fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
