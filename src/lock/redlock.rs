@@ -36,16 +36,17 @@ use crate::owner::{op_id, Owner};
 /// work of a [`Mutex`](crate::Mutex).
 ///
 /// **Ordering.** Barging, and no fairness across processes: after a release, whoever reaches a
-/// quorum first wins. Waiting is still push-based: a waiter registers with the notifier of every
-/// instance and retries when any of them reports a release (or, at the latest, when the
-/// shortest lease it saw runs out). Two contenders that split the instances between them both
+/// quorum first wins. Waiting is still push-based: a waiter queues on every instance to be
+/// woken (never granted the lock: a round takes every instance itself), registers with the
+/// notifier of every instance, and retries when any of them wakes it (or, at the latest, when
+/// the shortest lease it saw runs out). Two contenders that split the instances between them both
 /// back off by a short random delay before retrying, so one of them wins the next round.
 ///
-/// **Fencing tokens.** Each instance keeps its own counter; the guard's token is the maximum
-/// over the instances of the quorum. That is strictly increasing only while no instance loses
-/// writes: a master restarted without persistence (or failed over to a lagging replica) starts
-/// counting again, and a later holder can then present a lower token than an earlier one. Give
-/// every instance persistence (`appendfsync always`) if the tokens must be trusted.
+/// **Fencing tokens.** Each instance issues its own token (above its previous one for the lock
+/// and at least its clock in µs, as for a [`Mutex`](crate::Mutex)); the guard's token is the
+/// maximum over the instances of the quorum. A later holder's token is higher as long as the
+/// instances' clocks differ by less than the time between the two acquisitions; tokens that
+/// must be trusted across instances call for synchronised clocks.
 ///
 /// **Lease lost.** [`RedlockGuard::lost`] fires when a renewal round does not reach a quorum,
 /// when the validity of a fixed lease runs out, or at the `max_hold` cap.
