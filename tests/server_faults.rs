@@ -178,7 +178,7 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
         // Before OOM: a re-entered hold, a busy lock, a plain hold, and a free lock that took
         // the shard's last token (one shard: every lock of the prefix shares the fence key).
         // Their waiters gave up and left the queues. (A release that grants the lock under OOM
-        // is tested at the Lua level, tests/scripts.rs: it fails whole, before any event.)
+        // is tested at the Lua level, tests/scripts/: it fails whole, before any event.)
         let held = locks.mutex("oom-held").expect("mutex");
         let held_owner = Owner::new();
         let held_guard = bounded("lock", held.clone().with_owner(&held_owner).lock())

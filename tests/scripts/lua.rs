@@ -1,0 +1,506 @@
+//! The test harness: the composed scripts run with `EVAL`, the expected hash, the calls.
+
+use std::collections::BTreeMap;
+
+use crate::support::{composed, exists, RedisServer, Resp};
+
+pub(crate) const HOLD_LIB: &str = include_str!("../../lua/lib/hold.lua");
+pub(crate) const FENCE_LIB: &str = include_str!("../../lua/lib/fence.lua");
+pub(crate) const QUEUE_LIB: &str = include_str!("../../lua/lib/queue.lua");
+pub(crate) const NOTIFY_LIB: &str = include_str!("../../lua/lib/notify.lua");
+pub(crate) const RW_LIB: &str = include_str!("../../lua/lib/rw.lua");
+
+/// The layout stamp the tests pass in their fence argument (any fixed string works: the
+/// scripts only compare it with the fence key's stamp).
+pub(crate) const LAYOUT: &str = "v-test shards=1 notification=stream";
+/// Another layout's stamp, as a client with another shard count would write it.
+pub(crate) const OTHER_LAYOUT: &str = "v-other shards=2 notification=stream";
+
+/// The fence argument `"<0|1><layout>"` (`lua/lib/fence.lua`): `create` lets a script create a
+/// missing fence key (a client passes it only after checking the layout record).
+pub(crate) fn fence_arg(create: bool) -> String {
+    format!("{}{LAYOUT}", u8::from(create))
+}
+
+/// A reply that must be an array of integers.
+pub(crate) fn ints(reply: Resp) -> Vec<i64> {
+    assert!(!reply.is_error(), "{reply:?}");
+    reply.as_array().iter().map(Resp::as_int).collect()
+}
+
+/// Asserts that `reply` is a WRONGTYPE error.
+pub(crate) fn assert_wrongtype(reply: &Resp, what: &str) {
+    assert!(
+        reply
+            .error_message()
+            .is_some_and(|e| e.contains("WRONGTYPE")),
+        "{what}: {reply:?}"
+    );
+}
+
+/// The DUMP of each key, for "nothing changed" checks.
+pub(crate) fn dump_keys(server: &RedisServer, keys: &[&str]) -> Vec<Option<Vec<u8>>> {
+    keys.iter()
+        .map(|key| server.cmd(&["DUMP", key]).as_bytes())
+        .collect()
+}
+
+/// The server clock in microseconds (what a fence key starts from).
+pub(crate) fn server_micros(server: &RedisServer) -> i64 {
+    let time = server.cmd(&["TIME"]).as_array();
+    time[0].as_int() * 1_000_000 + time[1].as_int()
+}
+
+/// How far ahead of the server clock [`Lua::push_ahead`] sets a hold's token (µs: 1000 s, far
+/// more than a test lasts), so that the next token drawn from it is exactly one above it.
+pub(crate) const AHEAD: i64 = 1_000_000_000;
+
+/// Asserts that `token`, drawn by a call made after the server clock read `clock` (µs), is
+/// max(previous + 1, the clock at the call): above `previous`, and not below `clock`.
+pub(crate) fn assert_drawn(token: i64, previous: i64, clock: i64, what: &str) {
+    assert!(
+        token > previous,
+        "{what}: token {token} not above the previous one {previous}"
+    );
+    assert!(
+        token >= clock,
+        "{what}: token {token} below the server clock {clock}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// the exclusive locks: lua/hold_*.lua
+// ---------------------------------------------------------------------------
+
+/// The hold hash of barging mutex `x` under prefix `t` (shard 0).
+pub(crate) const HOLD: &str = "{t:0}:mutex:x";
+/// What the client passes at the kind's own position (`KEYS[2]`, unused by the hold scripts:
+/// the old waiter marker's name). No script may create it.
+pub(crate) const MARKER: &str = "{t:0}:mutex.wait:x";
+/// The shard's fence key (`lua/lib/fence.lua`).
+pub(crate) const FENCE: &str = "{t:0}:fence";
+/// The shard's events key (a single Redis: one for every shard); the inboxes are beside it.
+pub(crate) const EVENTS: &str = "{t:events}";
+/// The shard's event counter (not a key of the hold scripts; no script may create it).
+pub(crate) const SEQ: &str = "{t:events}:seq";
+/// The KEYS of the hold scripts (`through(Key::Events)`; `hold_acquire` takes the first 3).
+pub(crate) const KEYS: [&str; 4] = [HOLD, MARKER, FENCE, EVENTS];
+pub(crate) const LOCK_ID: &str = "mutex:x";
+/// The lease of every acquisition unless a test says otherwise (ms).
+pub(crate) const LEASE: i64 = 30_000;
+/// The waiter lease of a waiting acquisition unless a test says otherwise (ms).
+pub(crate) const WAITER_LEASE: i64 = 3_000;
+/// A hand-over successor's lease (ms).
+pub(crate) const SUCCESSOR_LEASE: i64 = 20_000;
+/// At most this many hand-overs in a row.
+pub(crate) const STREAK: i64 = 2;
+/// The retry window: the tombstone's ttl (ms).
+pub(crate) const WINDOW: i64 = 5_000;
+
+/// The inbox tag of `owner`'s client (each owner of these tests has a client of its own).
+pub(crate) fn tag(owner: &str) -> String {
+    format!("tag{owner}")
+}
+
+/// The inbox of `owner`'s client: the stream (or channel) `<events>:to:<tag>`.
+pub(crate) fn inbox(owner: &str) -> String {
+    format!("{EVENTS}:to:{}", tag(owner))
+}
+
+/// A queue line of the hold hash (`lua/lib/hold.lua`): waiter id, inbox tag, owner id, lease,
+/// grant ms.
+pub(crate) fn line(waiter: &str, owner: &str, lease: i64, grant: i64) -> String {
+    format!("{waiter} {} {owner} {lease} {grant}\n", tag(owner))
+}
+
+/// The grant event a release sends to a waiter's inbox: not numbered (sequence 0).
+pub(crate) fn grant(waiter: &str, token: i64, grant_ms: i64) -> String {
+    format!("0|grant|{waiter},{token},{grant_ms}|{LOCK_ID}")
+}
+
+/// The event that wakes a waiter that is only woken (waiter lease -1: a Redlock round), never
+/// granted the lock: not numbered either.
+pub(crate) fn wake(waiter: &str) -> String {
+    format!("0|name|{waiter}|{LOCK_ID}")
+}
+
+/// The busy reply of `hold_acquire`: the bound (the holder's lease as last set) and the
+/// holder's token.
+pub(crate) fn busy(bound: i64, token: i64) -> Vec<i64> {
+    vec![0, bound, token]
+}
+
+/// One call of `hold_acquire.lua`: the inbox tag is always the owner's client's.
+#[derive(Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) lease: i64,
+    pub(crate) op: &'a str,
+    pub(crate) waiter: &'a str,
+    pub(crate) waiter_lease: i64,
+}
+
+impl<'a> Ask<'a> {
+    /// A try (`try_lock`): no waiter id, waiter lease 0.
+    pub(crate) fn once(owner: &'a str, op: &'a str) -> Self {
+        Ask {
+            owner,
+            lease: LEASE,
+            op,
+            waiter: "",
+            waiter_lease: 0,
+        }
+    }
+
+    /// An attempt of an acquisition that waits when the lock is busy.
+    pub(crate) fn waiting(owner: &'a str, op: &'a str, waiter: &'a str) -> Self {
+        Ask {
+            owner,
+            lease: LEASE,
+            op,
+            waiter,
+            waiter_lease: WAITER_LEASE,
+        }
+    }
+
+    /// An attempt of an acquisition that, when the lock is busy, queues to be woken only
+    /// (waiter lease -1: a Redlock round), never granted the lock.
+    pub(crate) fn woken(owner: &'a str, op: &'a str, waiter: &'a str) -> Self {
+        Ask::waiting(owner, op, waiter).waiter_lease(-1)
+    }
+
+    pub(crate) fn lease(self, lease: i64) -> Self {
+        Ask { lease, ..self }
+    }
+
+    pub(crate) fn waiter_lease(self, waiter_lease: i64) -> Self {
+        Ask {
+            waiter_lease,
+            ..self
+        }
+    }
+}
+
+/// The whole hold hash, field by field (every field the library writes; no other).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HoldHash {
+    pub(crate) o: String,
+    pub(crate) c: String,
+    pub(crate) f: String,
+    pub(crate) l: String,
+    pub(crate) r: String,
+    pub(crate) x: String,
+    pub(crate) h: String,
+    pub(crate) q: String,
+    pub(crate) g: String,
+}
+
+/// A hold of `owner` (count 1, no freed-by chain, no streak, nobody queued, granted to no
+/// waiter): what a take writes, but for the fields a test sets with `..held(..)`.
+pub(crate) fn held(owner: &str, token: i64, lease: i64, r: &str) -> HoldHash {
+    HoldHash {
+        o: owner.to_owned(),
+        c: "1".to_owned(),
+        f: token.to_string(),
+        l: lease.to_string(),
+        r: r.to_owned(),
+        x: String::new(),
+        h: "0".to_owned(),
+        q: String::new(),
+        g: String::new(),
+    }
+}
+
+/// A hold that a release (or a leave, or a force unlock) granted or handed to `waiter` of
+/// `owner`: the waiter id both as `r` and as `g`.
+pub(crate) fn granted(owner: &str, token: i64, lease: i64, waiter: &str) -> HoldHash {
+    HoldHash {
+        g: waiter.to_owned(),
+        ..held(owner, token, lease, waiter)
+    }
+}
+
+/// A tombstone: free, the last hold's token and lease kept, `r` the op that freed it, granted
+/// to no waiter (`g` = "").
+pub(crate) fn tombstone(token: i64, lease: i64, r: &str, x: &str) -> HoldHash {
+    HoldHash {
+        o: String::new(),
+        c: "0".to_owned(),
+        r: r.to_owned(),
+        x: x.to_owned(),
+        ..held("", token, lease, "")
+    }
+}
+
+/// The hold scripts as `src/scripts.rs` composes them (check prelude, FENCE, NOTIFY, HOLD), run with
+/// `EVAL` on [`KEYS`] in one notification mode.
+pub(crate) struct Lua<'a> {
+    pub(crate) server: &'a RedisServer,
+    pub(crate) mode: &'static str,
+    pub(crate) acquire: String,
+    pub(crate) release: String,
+    pub(crate) leave: String,
+    pub(crate) force: String,
+    pub(crate) heartbeat: String,
+}
+
+impl<'a> Lua<'a> {
+    pub(crate) fn new(server: &'a RedisServer, mode: &'static str) -> Self {
+        let libraries = [FENCE_LIB, NOTIFY_LIB, HOLD_LIB];
+        Lua {
+            server,
+            mode,
+            acquire: composed(&libraries, include_str!("../../lua/hold_acquire.lua")),
+            release: composed(&libraries, include_str!("../../lua/hold_release.lua")),
+            leave: composed(&libraries, include_str!("../../lua/hold_leave.lua")),
+            force: composed(&libraries, include_str!("../../lua/hold_force_unlock.lua")),
+            heartbeat: composed(&libraries, include_str!("../../lua/hold_heartbeat.lua")),
+        }
+    }
+
+    pub(crate) fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Resp {
+        let count = keys.len().to_string();
+        let mut command = vec!["EVAL", script, &count];
+        command.extend(keys);
+        command.extend(args);
+        self.server.cmd(&command)
+    }
+
+    /// `hold_acquire` with the fence argument `fence_arg`; the raw reply.
+    pub(crate) fn attempt(&self, ask: Ask, fence_arg: &str) -> Resp {
+        let (lease, waiter_lease) = (ask.lease.to_string(), ask.waiter_lease.to_string());
+        let inbox_tag = tag(ask.owner);
+        self.eval(
+            &self.acquire,
+            &KEYS[..3],
+            &[
+                ask.owner,
+                &lease,
+                ask.op,
+                ask.waiter,
+                &waiter_lease,
+                &inbox_tag,
+                fence_arg,
+            ],
+        )
+    }
+
+    /// `hold_acquire` that may create the fence key (as after the layout check).
+    pub(crate) fn acquire(&self, ask: Ask) -> Vec<i64> {
+        ints(self.attempt(ask, &fence_arg(true)))
+    }
+
+    /// `hold_release`, handing over to `to` = (owner, waiter id) if given; the raw reply.
+    pub(crate) fn release_raw(
+        &self,
+        owner: &str,
+        token: i64,
+        op: &str,
+        all: bool,
+        to: Option<(&str, &str)>,
+    ) -> Resp {
+        let (successor, waiter) = to.unwrap_or(("", ""));
+        let (token, window) = (token.to_string(), WINDOW.to_string());
+        let (lease, streak) = match to {
+            Some(_) => (SUCCESSOR_LEASE.to_string(), STREAK.to_string()),
+            None => ("0".to_owned(), "0".to_owned()),
+        };
+        self.eval(
+            &self.release,
+            &KEYS,
+            &[
+                owner,
+                &token,
+                op,
+                if all { "1" } else { "0" },
+                &window,
+                self.mode,
+                "1000",
+                LOCK_ID,
+                successor,
+                waiter,
+                &lease,
+                &streak,
+            ],
+        )
+    }
+
+    /// `hold_release` of one hold, with no successor.
+    pub(crate) fn release(&self, owner: &str, token: i64, op: &str) -> Vec<i64> {
+        ints(self.release_raw(owner, token, op, false, None))
+    }
+
+    /// `hold_release` of one hold that may hand the lock to `to` = (owner, waiter id).
+    pub(crate) fn hand_over(
+        &self,
+        owner: &str,
+        token: i64,
+        op: &str,
+        to: (&str, &str),
+    ) -> Vec<i64> {
+        ints(self.release_raw(owner, token, op, false, Some(to)))
+    }
+
+    /// `hold_leave` of `waiter`; the raw reply.
+    pub(crate) fn leave_raw(&self, waiter: &str) -> Resp {
+        let window = WINDOW.to_string();
+        self.eval(
+            &self.leave,
+            &KEYS,
+            &["", "", "", waiter, &window, self.mode, "1000", LOCK_ID],
+        )
+    }
+
+    pub(crate) fn leave(&self, waiter: &str) -> Vec<i64> {
+        ints(self.leave_raw(waiter))
+    }
+
+    /// `hold_force_unlock`; the raw reply.
+    pub(crate) fn force_raw(&self) -> Resp {
+        let window = WINDOW.to_string();
+        self.eval(
+            &self.force,
+            &KEYS,
+            &["", "", "", "", &window, self.mode, "1000", LOCK_ID],
+        )
+    }
+
+    pub(crate) fn force_unlock(&self) -> Vec<i64> {
+        ints(self.force_raw())
+    }
+
+    /// `hold_heartbeat` (a batch): for each (hold key, waiter ids) of `locks`, the key in KEYS
+    /// and the count and the ids in ARGV; the raw reply.
+    pub(crate) fn heartbeat_raw(&self, locks: &[(&str, &[&str])]) -> Resp {
+        let keys: Vec<&str> = locks.iter().map(|(hold, _)| *hold).collect();
+        let counts: Vec<String> = locks.iter().map(|(_, ids)| ids.len().to_string()).collect();
+        let mut args = Vec::new();
+        for ((_, ids), count) in locks.iter().zip(&counts) {
+            args.push(count.as_str());
+            args.extend(ids.iter().copied());
+        }
+        self.eval(&self.heartbeat, &keys, &args)
+    }
+
+    /// The hold hash, every field (panics on a missing or an unknown field).
+    pub(crate) fn hash(&self) -> HoldHash {
+        let items = self.server.cmd(&["HGETALL", HOLD]).as_array();
+        let mut fields: BTreeMap<String, String> = items
+            .chunks(2)
+            .map(|pair| {
+                (
+                    pair[0].as_str().expect("a field name"),
+                    pair[1].as_str().expect("a field value"),
+                )
+            })
+            .collect();
+        let mut take = |name: &str| {
+            fields
+                .remove(name)
+                .unwrap_or_else(|| panic!("hold hash lacks {name}"))
+        };
+        let hash = HoldHash {
+            o: take("o"),
+            c: take("c"),
+            f: take("f"),
+            l: take("l"),
+            r: take("r"),
+            x: take("x"),
+            h: take("h"),
+            q: take("q"),
+            g: take("g"),
+        };
+        assert!(fields.is_empty(), "unknown fields in the hold: {fields:?}");
+        hash
+    }
+
+    /// The hold's remaining time in ms.
+    pub(crate) fn pttl(&self) -> i64 {
+        self.server.cmd(&["PTTL", HOLD]).as_int()
+    }
+
+    /// The hold's token (field `f`).
+    pub(crate) fn token(&self) -> i64 {
+        let f = self.hash().f;
+        f.parse()
+            .unwrap_or_else(|e| panic!("the hold's token {f:?}: {e}"))
+    }
+
+    /// The server clock in µs.
+    pub(crate) fn clock(&self) -> i64 {
+        server_micros(self.server)
+    }
+
+    /// Sets the hold's token `f` [`AHEAD`] of the server clock (the hash's other fields and ttl
+    /// kept) and returns it: the next token drawn from the hash is exactly one above it.
+    pub(crate) fn push_ahead(&self) -> i64 {
+        let token = self.clock() + AHEAD;
+        self.server.cmd(&["HSET", HOLD, "f", &token.to_string()]);
+        assert_eq!(self.token(), token);
+        token
+    }
+
+    /// Asserts the hold hash is `expected` and lasts at most `most` ms (more than 0).
+    pub(crate) fn assert_hold(&self, expected: &HoldHash, most: i64, what: &str) {
+        assert_eq!(&self.hash(), expected, "{what}");
+        let pttl = self.pttl();
+        assert!(
+            pttl > 0 && pttl <= most,
+            "{what}: ttl {pttl} ms, at most {most}"
+        );
+    }
+
+    /// The DUMP of every key the hold scripts may touch, and of `more`.
+    pub(crate) fn dump(&self, more: &[&str]) -> Vec<Option<Vec<u8>>> {
+        let mut keys = KEYS.to_vec();
+        keys.push(SEQ);
+        keys.extend(more);
+        dump_keys(self.server, &keys)
+    }
+
+    /// Every event in `owner`'s inbox stream, oldest first.
+    pub(crate) fn inbox_events(&self, owner: &str) -> Vec<String> {
+        self.server
+            .cmd(&["XRANGE", &inbox(owner), "-", "+"])
+            .as_array()
+            .iter()
+            .map(|entry| {
+                let fields = entry.as_array()[1].as_array();
+                assert_eq!(fields.len(), 2, "one field per entry: {fields:?}");
+                assert_eq!(fields[0].as_str().as_deref(), Some("e"), "{fields:?}");
+                fields[1].as_str().expect("an event string")
+            })
+            .collect()
+    }
+
+    /// Runs `inbox_keep` for the inboxes of `owners`, as their clients' readers do.
+    pub(crate) fn open_inboxes(&self, owners: &[&str]) {
+        let inboxes: Vec<String> = owners.iter().map(|owner| inbox(owner)).collect();
+        let inboxes: Vec<&str> = inboxes.iter().map(String::as_str).collect();
+        let kept = keep_inboxes(self.server, &inboxes, "30000");
+        assert_eq!(ints(kept), vec![owners.len() as i64]);
+    }
+
+    /// Asserts that no script call created a key it has no business with: the unused marker
+    /// position and the shard's event stream and counter (grants go to inboxes only).
+    pub(crate) fn assert_no_stray_keys(&self) {
+        for key in [MARKER, EVENTS, SEQ] {
+            assert!(!exists(self.server, key), "{key} was created");
+        }
+    }
+}
+
+/// `inbox_keep.lua` (no library) on `inboxes` with the ttl `ttl` ms; the raw reply.
+pub(crate) fn keep_inboxes(server: &RedisServer, inboxes: &[&str], ttl: &str) -> Resp {
+    let script = composed(&[], include_str!("../../lua/inbox_keep.lua"));
+    let count = inboxes.len().to_string();
+    let mut command = vec!["EVAL", script.as_str(), &count];
+    command.extend(inboxes);
+    command.push(ttl);
+    server.cmd(&command)
+}
+
+/// A reply array of integers, to compare with a raw reply.
+pub(crate) fn ints_of(values: &[i64]) -> Resp {
+    Resp::Array(Some(values.iter().map(|&v| Resp::Int(v)).collect()))
+}

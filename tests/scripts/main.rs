@@ -1,0 +1,26 @@
+//! The Lua protocol itself: the scripts as `src/scripts.rs` composes them, run with `EVAL` on
+//! the keys of one lock, with KEYS and ARGV in the canonical order of `lua/README.md`. A real
+//! redis-server; no client of the crate in between, so each test can replay, drop or re-send a
+//! single script call and look at every key after it.
+//!
+//! The exclusive locks (`hold_*.lua`, `lua/lib/hold.lua`) keep their whole state in one hash
+//! per lock: owner `o`, count `c`, token `f`, lease `l`, last op `r`, freed-by chain `x`,
+//! hand-over streak `h`, the wait queue `q` and the waiter id `g` a release granted or handed
+//! the hold to. [`HoldHash`] reads that hash field by field, so a test states the whole state
+//! it expects after each call.
+//!
+//! Tokens follow the server clock (`fl_clock_after` in `lua/lib/hold.lua`): a token drawn by a
+//! call is max(previous + 1, server clock in µs), so a test checks that it is above the
+//! previous token and not below the clock read before the call ([`assert_drawn`]), or sets the
+//! previous token far ahead of the clock ([`Lua::push_ahead`]) to expect exactly previous + 1.
+
+//!
+//! Modules: [`lua`] (the harness), [`hold`], [`grants`], [`checks`].
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod checks;
+mod grants;
+mod hold;
+mod lua;
