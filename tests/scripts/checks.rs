@@ -234,24 +234,7 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
     const Z: &str = "{t:0}:mutex:z";
     const GONE: &str = "{t:0}:mutex:gone";
     // hold_acquire and hold_release on lock y or z: the same scripts on that lock's keys.
-    let acquire_on = |hold: &str, ask: Ask| {
-        let (lease, waiter_lease) = (ask.lease.to_string(), ask.waiter_lease.to_string());
-        let inbox_tag = tag(ask.owner);
-        let create = fence_arg(true);
-        ints(lua.eval(
-            &lua.acquire,
-            &[hold, MARKER, FENCE],
-            &[
-                ask.owner,
-                &lease,
-                ask.op,
-                ask.waiter,
-                &waiter_lease,
-                &inbox_tag,
-                &create,
-            ],
-        ))
-    };
+    let acquire_on = |hold: &str, ask: Ask| ints(lua.attempt_on(hold, ask, &fence_arg(true)));
     let release_on = |hold: &str, owner: &str, token: i64, op: &str, to: (&str, &str)| {
         let (token, window) = (token.to_string(), WINDOW.to_string());
         let (lease, streak) = (SUCCESSOR_LEASE.to_string(), STREAK.to_string());

@@ -268,11 +268,16 @@ impl<'a> Lua<'a> {
 
     /// `hold_acquire` with the fence argument `fence_arg`; the raw reply.
     pub(crate) fn attempt(&self, ask: Ask, fence_arg: &str) -> Resp {
+        self.attempt_on(HOLD, ask, fence_arg)
+    }
+
+    /// `hold_acquire` on the lock whose hash is `hold` (same slot as [`HOLD`]).
+    pub(crate) fn attempt_on(&self, hold: &str, ask: Ask, fence_arg: &str) -> Resp {
         let (lease, waiter_lease) = (ask.lease.to_string(), ask.waiter_lease.to_string());
         let inbox_tag = tag(ask.owner);
         self.eval(
             &self.acquire,
-            &KEYS[..3],
+            &[hold, MARKER, FENCE],
             &[
                 ask.owner,
                 &lease,

@@ -70,13 +70,19 @@ pub fn hold_owner(server: &RedisServer, hold: &str) -> Option<String> {
 /// The waiter ids queued in an exclusive lock's hash (field `q`, one line per waiter), in
 /// queue order.
 pub fn queued_waiters(server: &RedisServer, hold: &str) -> Vec<String> {
+    queue_column(server, hold, 0)
+}
+
+/// Field `n` (0: waiter id, 1: inbox tag, 2: owner, 3: lease, 4: grant ms) of every line of an
+/// exclusive lock's queue, in queue order.
+fn queue_column(server: &RedisServer, hold: &str, n: usize) -> Vec<String> {
     let queue = server
         .cmd(&["HGET", hold, "q"])
         .as_str()
         .unwrap_or_default();
     queue
         .lines()
-        .filter_map(|line| line.split(' ').next())
+        .filter_map(|line| line.split(' ').nth(n))
         .map(str::to_owned)
         .collect()
 }
@@ -155,13 +161,5 @@ pub fn is_inbox(prefix: &str, key: &str) -> bool {
 /// The inbox tag of each waiter queued in an exclusive lock's hash (field `q`), in queue
 /// order: the client whose inbox a grant goes to.
 pub fn queued_inbox_tags(server: &RedisServer, hold: &str) -> Vec<String> {
-    let queue = server
-        .cmd(&["HGET", hold, "q"])
-        .as_str()
-        .unwrap_or_default();
-    queue
-        .lines()
-        .filter_map(|line| line.split(' ').nth(1))
-        .map(str::to_owned)
-        .collect()
+    queue_column(server, hold, 1)
 }
