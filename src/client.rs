@@ -700,8 +700,8 @@ pub struct ClientStats {
     pub retried_attempts: u64,
     /// Acquire script calls made since start (`lock`, `try_lock`, `read`, `write`, ...).
     pub attempts: u64,
-    /// Fair-lock acquisitions that a release granted directly, completed without a script
-    /// call of their own, since start.
+    /// Acquisitions of exclusive locks that a release granted directly, completed without a
+    /// script call of their own, since start.
     pub granted: u64,
     /// Barging-mutex acquisitions that a release of this client handed over directly (see
     /// [`Config::handover_streak`](crate::Config::handover_streak)), since start.
