@@ -370,8 +370,8 @@ fn print_table(results: &[ModeResult], ping: &Ping, lock_clients: usize) {
     }
     for r in results {
         println!(
-            "{}: the holder's unlock() call itself took p50 {} µs; the rest is event delivery, \
-             waking the task and its acquire script",
+            "{}: the holder's unlock() call itself took p50 {} µs; the rest is the grant's \
+             delivery to the waiter's process and waking the task (no script of its own)",
             r.mode.as_str(),
             r.unlock.value_at_quantile(0.5)
         );

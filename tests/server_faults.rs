@@ -188,20 +188,7 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
             .await
             .expect("re-enter");
         let held_keys = mutex_keys(&prefix, 1, "oom-held");
-        assert!(bounded(
-            "lock_timeout",
-            rival
-                .mutex("oom-held")
-                .expect("m")
-                .lock_timeout(Duration::from_millis(100))
-        )
-        .await
-        .expect("lock_timeout")
-        .is_none());
-        assert!(
-            queued_waiters(&server, &held_keys.hold).is_empty(),
-            "the waiter left"
-        );
+        rival_gives_up(&server, &rival, "oom-held", &held_keys.hold).await;
         let held_before = hold_fields(&server, &held_keys.hold);
 
         let busy = rival.mutex("oom-busy").expect("mutex");
@@ -211,20 +198,7 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
         let single = locks.mutex("oom-single").expect("mutex");
         let single_guard = bounded("lock", single.lock()).await.expect("lock");
         let single_keys = mutex_keys(&prefix, 1, "oom-single");
-        assert!(bounded(
-            "lock_timeout",
-            rival
-                .mutex("oom-single")
-                .expect("m")
-                .lock_timeout(Duration::from_millis(100))
-        )
-        .await
-        .expect("lock_timeout")
-        .is_none());
-        assert!(
-            queued_waiters(&server, &single_keys.hold).is_empty(),
-            "the waiter left"
-        );
+        rival_gives_up(&server, &rival, "oom-single", &single_keys.hold).await;
         let single_before = hold_fields(&server, &single_keys.hold);
         // On a single Redis one event stream and counter serve every lock of the prefix.
         let events_key = format!("{{{prefix}:events}}");
@@ -452,4 +426,20 @@ async fn waiting_acquisitions_retry_through_an_unresponsive_server() {
         holder.shutdown().await.unwrap();
         waiter.shutdown().await.unwrap();
     }
+}
+
+/// A waiter of `rival` on the held lock `name` times out, and leaves its queue.
+async fn rival_gives_up(server: &RedisServer, rival: &LockClient, name: &str, hold: &str) {
+    let mutex = rival.mutex(name).expect("mutex");
+    let acquired = bounded(
+        "lock_timeout",
+        mutex.lock_timeout(Duration::from_millis(100)),
+    )
+    .await
+    .expect("lock_timeout");
+    assert!(acquired.is_none(), "{name}: acquired a held lock");
+    assert!(
+        queued_waiters(server, hold).is_empty(),
+        "{name}: the waiter left"
+    );
 }
