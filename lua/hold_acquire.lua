@@ -34,13 +34,13 @@ local waiter_lease, inbox, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 
 local fields = fl_hold_read(hold)
 local current = fields[1]
-if current and waiter ~= '' and fields[9] == waiter then
+if current and waiter ~= '' and fields[8] == waiter then
   return {1, tonumber(fields[3]), tonumber(fields[2]), redis.call('PTTL', hold)}
 end
 if current == owner then
   -- Another task of this owner holds it (a grant to a waiter of the same owner, say): this
   -- waiter re-enters, and must not stay queued for a grant it would never take up.
-  local queue, queued = fl_queue_without(fields[8], waiter)
+  local queue, queued = fl_queue_without(fields[7], waiter)
   if queued then
     redis.call('HSET', hold, 'q', queue)
   end
@@ -51,13 +51,13 @@ if not current then
   if not token then
     return redis.error_reply(refusal)
   end
-  fl_hold_write(hold, owner, token, lease, op, fields[6], 0, '', '')
+  fl_hold_write(hold, owner, token, lease, op, fields[6], '', '')
   return {1, tonumber(token), 1}
 end
 
-if waiter_lease ~= 0 and not fl_queue_find(fields[8], waiter) then
+if waiter_lease ~= 0 and not fl_queue_find(fields[7], waiter) then
   local lasts = math.max(math.min(lease, waiter_lease), 0)
-  local line = waiter .. ' ' .. inbox .. ' ' .. owner .. ' ' .. lease .. ' ' .. lasts .. '\n'
-  redis.call('HSET', hold, 'q', (fields[8] or '') .. line)
+  local line = fl_queue_line(waiter, inbox, owner, lease, lasts)
+  redis.call('HSET', hold, 'q', (fields[7] or '') .. line)
 end
 return {0, tonumber(fields[4]) or lease, tonumber(fields[3])}

@@ -23,7 +23,7 @@ for _, hold in ipairs(KEYS) do
   for _ = 1, n do
     local id = ARGV[arg]
     arg = arg + 1
-    if (fields[1] and fields[9] == id) or fl_queue_find(fields[8], id) then
+    if (fields[1] and fields[8] == id) or fl_queue_find(fields[7], id) then
       codes[#codes + 1] = 1
     else
       codes[#codes + 1] = 0

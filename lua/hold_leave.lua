@@ -18,8 +18,8 @@ local hold, events = KEYS[1], KEYS[4]
 local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[8]
 
 local fields = fl_hold_read(hold)
-local queue, queued = fl_queue_without(fields[8], waiter)
-if fields[1] and fields[9] == waiter then
+local queue, queued = fl_queue_without(fields[7], waiter)
+if fields[1] and fields[8] == waiter then
   local count = tonumber(fields[2])
   if count > 1 then
     -- Another task of the same owner re-entered the grant meanwhile: it keeps the lock, one

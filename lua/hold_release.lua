@@ -1,6 +1,7 @@
 -- hold_release.lua: give back one hold (or every hold) of an exclusive lock; when that frees
--- it, hand it to a waiter of the releasing process (barging mutex, at most `streak` times in a
--- row), else grant it to the first waiter of the queue, else leave it free.
+-- it, hand it to a task of the releasing process (barging mutex: unless the first waiter of
+-- the queue has waited `limit` ms or more), else grant it to the first waiter of the queue,
+-- else leave it free.
 -- Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
@@ -15,15 +16,18 @@
 -- ARGV[4] all      "1" to release every hold of the owner at once, "0" to release one
 -- ARGV[5] window   tombstone ttl in ms (see lib/hold.lua)
 -- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
--- ARGV[9] successor  successor owner id, "" for none: a waiter of the releasing process that
---                  may be handed the lock when this release frees it (lock cohorting)
+-- ARGV[9] successor  successor owner id, "" for none: a task of the releasing process that
+--                  may be handed the lock when this release frees it (lock cohorting: a
+--                  local waiter, or a task that asks for the lock right after this release)
 -- ARGV[10] successor-waiter  the successor's waiter id
 -- ARGV[11] successor-lease   its lease in ms
--- ARGV[12] streak  at most this many hand-overs in a row (then the queue's turn)
+-- ARGV[12] limit   the successor is passed over for the first waiter of the queue once that
+--                  waiter has waited this many ms (bounds every wait behind a barging mutex)
 --
 -- Returns {1, holds left} when released (0: freed, or granted to the first waiter),
---         {1, 0, token} when the lock was handed to the successor with this fencing token (also
---           when this call is a retry of a release that did so),
+--         {1, 0, token, queued} when the lock was handed to the successor with this fencing
+--           token (also when this call is a retry of a release that did so); queued is 1 when
+--           waiters stay queued behind it, else 0,
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it,
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
@@ -31,7 +35,7 @@ local hold, events = KEYS[1], KEYS[4]
 local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local mode, lock_id = ARGV[6], ARGV[8]
 local successor, successor_waiter, successor_lease = ARGV[9], ARGV[10], tonumber(ARGV[11])
-local streak_cap = tonumber(ARGV[12])
+local limit = tonumber(ARGV[12])
 
 local fields = fl_hold_read(hold)
 local current, count = fields[1], tonumber(fields[2])
@@ -39,8 +43,8 @@ if fields[5] == op then
   return {1, count or 0}
 end
 if fields[6] and string.find(',' .. fields[6] .. ',', ',' .. op .. ',', 1, true) then
-  if successor_waiter ~= '' and fields[9] == successor_waiter then
-    return {1, 0, tonumber(fields[3])}
+  if successor_waiter ~= '' and fields[8] == successor_waiter then
+    return {1, 0, tonumber(fields[3]), fl_queued_flag(fields[7])}
   end
   return {1, 0}
 end
@@ -56,15 +60,32 @@ if all ~= '1' and count > 1 then
 end
 
 local freed_by = fl_freed_chain(op, fields[6])
-local streak = tonumber(fields[7]) or 0
-if successor ~= '' and streak < streak_cap then
-  local queue = fl_queue_without(fields[8], successor_waiter)
-  local next_token = fl_clock_after(tonumber(fields[3]))
+
+-- The successor takes the hold over, with the queue left as it is (q nil) or as given.
+local function hand_over(q, now)
+  local queue, queued = fl_queue_without(q or fields[7], successor_waiter)
+  local next_token = fl_token_after(tonumber(fields[3]), now)
+  if q == nil and not queued then
+    queue = nil
+  end
   fl_hold_write(hold, successor, next_token, successor_lease, successor_waiter, freed_by,
-    streak + 1, queue, successor_waiter)
-  return {1, 0, tonumber(next_token)}
+    queue, successor_waiter)
+  return {1, 0, tonumber(next_token), fl_queued_flag(queue or fields[7])}
 end
-if not fl_grant_next(hold, fields, fields[8] or '', freed_by, events, mode, lock_id) then
-  fl_free(hold, op, freed_by, window)
+
+if successor ~= '' then
+  local now = fl_now_us()
+  if not fl_queue_overdue(fields[7], now, limit, successor_waiter) then
+    return hand_over(nil, now)
+  end
 end
+if fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id) then
+  return {1, 0}
+end
+if successor ~= '' then
+  -- The queue had nobody left to grant (dead clients, waiters only woken): the successor
+  -- takes the lock rather than leave it free.
+  return hand_over('', fl_now_us())
+end
+fl_free(hold, op, freed_by, window)
 return {1, 0}

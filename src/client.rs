@@ -35,11 +35,12 @@ use crate::config::{Config, NotificationMode};
 use crate::error::{Error, Result};
 use crate::keys::{Keyspace, LockKeys};
 use crate::layout::Layout;
-use crate::lease::{run_release_worker, run_watchdog, HoldRegistry, LostCause, ReleaseJob};
+use crate::lease::{run_watchdog, HoldRegistry, LostCause};
 use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::rwlock::RwLock;
 use crate::notify::{pubsub, stream, WaiterTable};
 use crate::queue::{run_heartbeat, QueuedWaiters};
+use crate::release::{release_parked, run_release_worker, ParkedHolds, ReleaseJob};
 use crate::scripts::Script;
 
 /// Acquire attempts one client has in flight at once; further attempts wait locally, in FIFO
@@ -85,6 +86,10 @@ pub(crate) struct Core {
     pub(crate) granted: AtomicU64,
     /// Acquisitions handed over by a release of this client (diagnostics).
     pub(crate) handed_over: AtomicU64,
+    /// Holds whose release is deferred (see `crate::release`).
+    pub(crate) parked: ParkedHolds,
+    /// Acquisitions that took over a deferred release (diagnostics).
+    pub(crate) taken_over: AtomicU64,
     /// No new acquisitions (shutdown started).
     closed: AtomicBool,
     /// Connections closed: every command fails at once with [`Error::Shutdown`].
@@ -473,6 +478,8 @@ impl LockClient {
             attempts: AtomicU64::new(0),
             granted: AtomicU64::new(0),
             handed_over: AtomicU64::new(0),
+            parked: ParkedHolds::default(),
+            taken_over: AtomicU64::new(0),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
             closed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
@@ -580,6 +587,8 @@ impl LockClient {
             attempts: core.attempts.load(Ordering::Relaxed),
             granted: core.granted.load(Ordering::Relaxed),
             handed_over: core.handed_over.load(Ordering::Relaxed),
+            taken_over: core.taken_over.load(Ordering::Relaxed),
+            deferred_releases: core.parked.len(),
         }
     }
 
@@ -599,6 +608,9 @@ impl LockClient {
             }
         }
         let mut first_error = None;
+        for hold in inner.core.parked.drain() {
+            release_parked(&hold).await;
+        }
         for hold in inner.core.holds.drain() {
             let released = hold
                 .driver
@@ -703,7 +715,14 @@ pub struct ClientStats {
     /// Acquisitions of exclusive locks that a release granted directly, completed without a
     /// script call of their own, since start.
     pub granted: u64,
-    /// Barging-mutex acquisitions that a release of this client handed over directly (see
-    /// [`Config::handover_streak`](crate::Config::handover_streak)), since start.
+    /// Barging-mutex acquisitions that a release of this client handed over directly to a
+    /// waiting task (see [`Config::handover_limit`](crate::Config::handover_limit)), since
+    /// start.
     pub handed_over: u64,
+    /// Barging-mutex acquisitions that took over a release this client had deferred (see
+    /// [`Config::defer_release`](crate::Config::defer_release)), since start.
+    pub taken_over: u64,
+    /// Releases deferred right now, waiting a few scheduler turns for a task of this client to
+    /// take them over.
+    pub deferred_releases: usize,
 }

@@ -111,12 +111,24 @@ pub struct Config {
     /// applied twice. `try_lock` never retries; zero turns retries off.
     #[serde(with = "humantime_serde")]
     pub transient_retry: Duration,
-    /// Barging [`Mutex`](crate::Mutex) only: how many times in a row a release may hand the
-    /// lock straight to a waiting task of its own process (one round trip, no event, no herd)
-    /// before it frees the lock for every process. A larger value gives more throughput under
-    /// contention and a longer wait to the other processes; 0 turns hand-overs off; at
-    /// most 64.
-    pub handover_streak: u32,
+    /// Barging [`Mutex`](crate::Mutex) only: the eventual-fairness bound. A release hands the
+    /// lock straight to a task of its own process (one round trip, no event, no herd) as long
+    /// as no waiter of another process has waited this long; past it, the release grants the
+    /// lock to the waiter queued longest. A longer bound gives more throughput under
+    /// contention and longer waits to the other processes; zero turns hand-overs (and
+    /// [`Config::defer_release`]) off; at most 10 s.
+    #[serde(with = "humantime_serde")]
+    pub handover_limit: Duration,
+    /// Barging [`Mutex`](crate::Mutex) only, with a non-zero [`Config::handover_limit`]: a
+    /// release that finds no task of this client waiting for the lock is sent a few scheduler
+    /// turns later instead of at once. A task of this client that asks for the same lock
+    /// meanwhile (the usual loop: unlock, then lock again) takes it over in the release's own
+    /// round trip, one script call instead of two. `unlock()` then returns without a round
+    /// trip and reports the errors known locally (a lost lease); a failure of the deferred
+    /// release itself is logged, like a dropped guard's, and the lease bounds the hold.
+    /// [`LockClient::shutdown`](crate::LockClient::shutdown) sends the deferred releases; a
+    /// runtime that stops without it leaves them to their leases.
+    pub defer_release: bool,
 }
 
 impl Default for Config {
@@ -136,7 +148,8 @@ impl Default for Config {
             replica_acks: 0,
             replica_ack_timeout: Duration::from_secs(1),
             transient_retry: Duration::from_secs(30),
-            handover_streak: 3,
+            handover_limit: Duration::from_millis(50),
+            defer_release: true,
         }
     }
 }
@@ -211,7 +224,12 @@ impl Config {
         check_url(&self.url)?;
         check_count("stream_max_len", self.stream_max_len, 16, MAX_STREAM_LEN)?;
         check_count("replica_acks", u64::from(self.replica_acks), 0, 64)?;
-        check_count("handover_streak", u64::from(self.handover_streak), 0, 64)?;
+        if self.handover_limit > Duration::from_secs(10) {
+            return Err(Error::InvalidConfig(format!(
+                "handover_limit must be at most 10s, got {:?}",
+                self.handover_limit
+            )));
+        }
         check_lease("watchdog_lease", self.watchdog_lease)?;
         check_duration("waiter_lease", self.waiter_lease, Duration::from_millis(30))?;
         for (what, value) in [
@@ -266,7 +284,8 @@ impl fmt::Debug for Config {
             .field("replica_acks", &self.replica_acks)
             .field("replica_ack_timeout", &self.replica_ack_timeout)
             .field("transient_retry", &self.transient_retry)
-            .field("handover_streak", &self.handover_streak)
+            .field("handover_limit", &self.handover_limit)
+            .field("defer_release", &self.defer_release)
             .finish()
     }
 }
@@ -400,7 +419,7 @@ mod tests {
                 ..Config::default()
             },
             Config {
-                handover_streak: u32::MAX,
+                handover_limit: Duration::from_secs(11),
                 ..Config::default()
             },
             Config {
@@ -479,8 +498,9 @@ mod tests {
         assert!(with(|c| c.stream_max_len = MAX_STREAM_LEN + 1).is_err());
         assert!(with(|c| c.replica_acks = 64).is_ok());
         assert!(with(|c| c.replica_acks = 65).is_err());
-        assert!(with(|c| c.handover_streak = 0).is_ok());
-        assert!(with(|c| c.handover_streak = 65).is_err());
+        assert!(with(|c| c.handover_limit = Duration::ZERO).is_ok());
+        assert!(with(|c| c.handover_limit = Duration::from_secs(10)).is_ok());
+        assert!(with(|c| c.handover_limit = Duration::from_millis(10_001)).is_err());
         assert!(with(|c| c.notifier_block = Duration::from_millis(100)).is_ok());
         assert!(with(|c| c.notifier_block = Duration::from_millis(99)).is_err());
         assert!(with(|c| c.reconnect_max_delay = Duration::from_secs(61)).is_err());

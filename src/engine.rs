@@ -33,6 +33,7 @@ use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
 use crate::notify::{Bid, Granted, HandedOver, Registration, WaitKind};
 use crate::owner::{op_id, Owner};
+use crate::release::take_parked;
 use crate::scripts::{Script, ScriptKeys};
 
 /// A boxed, sendable future (drivers are used as trait objects).
@@ -57,10 +58,12 @@ pub(crate) enum Attempt {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
     /// Released; `remaining` holds of the owner are left (0: the hold is gone). `handed_over`:
-    /// the release handed the lock to a waiter of this process, under this fencing token.
+    /// the release handed the lock to a task of this process, under this fencing token;
+    /// `queued`: waiters stayed queued in Redis behind that hand-over.
     Yes {
         remaining: u64,
         handed_over: Option<u64>,
+        queued: bool,
     },
     /// The hold was not there.
     NotHeld(NotHeldReason),
@@ -209,6 +212,18 @@ async fn acquire_loop(
     driver.client().check_open()?;
     let waiting = patience != Patience::None;
     let waiter = driver.waiter_id();
+    if driver.client().core().parked.contains(driver.keys().id()) {
+        // A release of this client is deferred for a task that asks right after it: this one.
+        let sent_at = Instant::now();
+        if let Some((token, contended)) = Box::pin(take_over(&driver, &owner, &waiter, lease)).await
+        {
+            let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
+            let timing = (sent_at, lease.initial());
+            let source = Source::OwnConnection { contended };
+            let guard = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
+            return guard.await.map(Some);
+        }
+    }
     let registration = waiting.then(|| {
         let bid = driver.hands_over().then(|| Bid {
             owner: owner.clone(),
@@ -233,69 +248,88 @@ async fn acquire_loop(
     // When the last busy attempt was sent, and the holder's token it saw: dates a grant.
     let mut last_busy: Option<(Instant, u64)> = None;
 
+    // A task of this client holds the lock for another owner: its release will hand the lock
+    // to this waiter, or wake it to ask Redis (the queue's turn), so it waits without a call of
+    // its own first, at most until that hold's lease deadline.
+    let mut wait_locally = match registration {
+        Some(_) if driver.hands_over() => driver
+            .client()
+            .holds()
+            .held_by_other(driver.as_ref(), &owner),
+        _ => None,
+    };
+
     loop {
-        let sent_at = Instant::now();
-        let attempt = attempt(&driver, &owner, &waiter, &op, lease.initial(), waiting).await;
-        let limit = match attempt {
-            Ok(Attempt::Acquired { token, lasts }) => {
-                let lasts = lasts.unwrap_or(lease.initial());
-                if let Some(registration) = registration.as_ref() {
-                    registration.taken();
-                }
-                let guard = take_up(
-                    &driver,
-                    &owner,
-                    token,
-                    lease,
-                    (sent_at, lasts),
-                    Source::OwnScript,
-                    &mut queued,
-                );
-                return guard.await.map(Some);
-            }
-            Ok(Attempt::Busy { ttl, token }) => {
-                retry.reset();
-                op = op_id();
-                last_busy = token.map(|token| (sent_at, token));
-                if waiting {
-                    queued.joined();
-                }
-                let ttl = ttl.unwrap_or(driver.client().config().watchdog_lease);
-                match patience {
-                    Patience::None => return Ok(None),
-                    Patience::Forever => ttl,
-                    Patience::Until(deadline) => {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        if left.is_zero() {
-                            tracing::debug!("gave up waiting");
-                            queued.leave().await;
-                            return Ok(None);
-                        }
-                        ttl.min(left)
+        let limit = if let Some(holder_deadline) = wait_locally.take() {
+            let until = match patience {
+                Patience::Until(deadline) => deadline.min(holder_deadline),
+                _ => holder_deadline,
+            };
+            until.saturating_duration_since(Instant::now())
+        } else {
+            let sent_at = Instant::now();
+            let attempt = attempt(&driver, &owner, &waiter, &op, lease.initial(), waiting).await;
+            match attempt {
+                Ok(Attempt::Acquired { token, lasts }) => {
+                    let lasts = lasts.unwrap_or(lease.initial());
+                    if let Some(registration) = registration.as_ref() {
+                        registration.taken();
                     }
+                    let guard = take_up(
+                        &driver,
+                        &owner,
+                        token,
+                        lease,
+                        (sent_at, lasts),
+                        Source::OwnScript,
+                        &mut queued,
+                    );
+                    return guard.await.map(Some);
                 }
-            }
-            // Repeat the same op after a pause: if the failed call was applied after all, the
-            // script answers it instead of applying it again.
-            Err(error) => {
-                let window = driver.client().config().transient_retry;
-                let Some(pause) = retry.pause_after(&error, window, patience) else {
-                    if woken {
-                        // This attempt answered a wakeup and failed: let the next local waiter
-                        // have it instead of sleeping until its lease runs out.
-                        if let Some(registration) = registration.as_ref() {
-                            registration.hand_on_wakeup();
+                Ok(Attempt::Busy { ttl, token }) => {
+                    retry.reset();
+                    op = op_id();
+                    last_busy = token.map(|token| (sent_at, token));
+                    if waiting {
+                        queued.joined();
+                    }
+                    let ttl = ttl.unwrap_or(driver.client().config().watchdog_lease);
+                    match patience {
+                        Patience::None => return Ok(None),
+                        Patience::Forever => ttl,
+                        Patience::Until(deadline) => {
+                            let left = deadline.saturating_duration_since(Instant::now());
+                            if left.is_zero() {
+                                tracing::debug!("gave up waiting");
+                                queued.leave().await;
+                                return Ok(None);
+                            }
+                            ttl.min(left)
                         }
                     }
-                    return Err(error);
-                };
-                tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
-                driver
-                    .client()
-                    .core()
-                    .retried_attempts
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                pause
+                }
+                // Repeat the same op after a pause: if the failed call was applied after all, the
+                // script answers it instead of applying it again.
+                Err(error) => {
+                    let window = driver.client().config().transient_retry;
+                    let Some(pause) = retry.pause_after(&error, window, patience) else {
+                        if woken {
+                            // This attempt answered a wakeup and failed: let the next local waiter
+                            // have it instead of sleeping until its lease runs out.
+                            if let Some(registration) = registration.as_ref() {
+                                registration.hand_on_wakeup();
+                            }
+                        }
+                        return Err(error);
+                    };
+                    tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
+                    driver
+                        .client()
+                        .core()
+                        .retried_attempts
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    pause
+                }
             }
         };
         let Some(registration) = registration.as_ref() else {
@@ -317,14 +351,14 @@ async fn acquire_loop(
                 token,
                 lease,
                 (at, lease.initial()),
-                Source::OwnConnection,
+                Source::OwnConnection { contended: true },
                 &mut queued,
             );
             return guard.await.map(Some);
         }
         let granted = registration.granted();
         if let Some((at, lasts)) = granted.and_then(|g| grant_times(last_busy, g)) {
-            let token = granted.map_or(0, |granted| granted.token);
+            let (token, contended) = granted.map_or((0, false), |g| (g.token, g.queued));
             tracing::trace!(token, "granted by the release");
             let core = driver.client().core();
             core.granted.fetch_add(1, Ordering::Relaxed);
@@ -334,7 +368,7 @@ async fn acquire_loop(
                 token,
                 lease,
                 (at, lasts),
-                Source::OtherClient,
+                Source::OtherClient { contended },
                 &mut queued,
             );
             return guard.await.map(Some);
@@ -374,16 +408,85 @@ impl Drop for UnusedHandOver<'_> {
     }
 }
 
+/// Takes over this client's deferred release of the lock for `owner` (see `crate::release`):
+/// the token of the hold it was handed and whether waiters stay queued behind it, or None when the queue's turn came (the acquisition
+/// then asks like any other). Finished in the background if the caller goes away: a hold it
+/// was handed is then released.
+async fn take_over(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    waiter: &Arc<str>,
+    lease: Lease,
+) -> Option<(u64, bool)> {
+    let bid = Bid {
+        owner: owner.clone(),
+        lease: lease.initial(),
+    };
+    let work = {
+        let (driver, waiter) = (driver.clone(), waiter.clone());
+        async move { take_parked(&driver, &waiter, &bid).await }
+    };
+    let orphans = driver.client().orphans().clone();
+    let (orphan_driver, orphan_owner) = (driver.clone(), owner.clone());
+    let orphan_waiter = waiter.clone();
+    let outcome = Finish::new(work, orphans, move |outcome| {
+        Box::pin(async move {
+            match outcome {
+                Some(Ok((token, _))) => {
+                    let outcome = orphan_driver
+                        .release(&orphan_owner, token, &op_id(), false)
+                        .await;
+                    tracing::debug!(
+                        ?outcome,
+                        "released a hold taken over by a cancelled acquisition"
+                    );
+                }
+                Some(Err(_)) => leave_after_failed_take_over(&orphan_driver, orphan_waiter).await,
+                None => {}
+            }
+        })
+    })
+    .join()
+    .await;
+    match outcome? {
+        Ok(taken) => Some(taken),
+        Err(error) => {
+            tracing::debug!(%error, "taking over a deferred release failed; asking again");
+            leave_after_failed_take_over(driver, waiter.clone()).await;
+            None
+        }
+    }
+}
+
+/// A take-over whose outcome is unknown may still have handed the hold to `waiter`: the
+/// waiter's leave call passes such a hold on (`lua/hold_leave.lua`).
+async fn leave_after_failed_take_over(driver: &Arc<dyn Driver>, waiter: Arc<str>) {
+    if let Some(leaving) = driver.clone().abandon(waiter) {
+        let _ = leaving.await;
+    }
+}
+
 /// Which connection wrote a new hold: `WAIT` only covers the writes of the connection it runs
 /// on.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Source {
     /// This acquisition's own acquire script.
     OwnScript,
-    /// A release by this client (a local hand-over), on the same connection.
-    OwnConnection,
-    /// A release by another client (a fair grant).
-    OtherClient,
+    /// A release by this client (a local hand-over or a take-over), on the same connection.
+    OwnConnection { contended: bool },
+    /// A release by another client (a grant to the queue).
+    OtherClient { contended: bool },
+}
+
+impl Source {
+    /// Whether other acquisitions still wait for the lock: a release of the hold is then worth
+    /// deferring for a task of this client (`crate::release`).
+    fn contended(self) -> bool {
+        match self {
+            Source::OwnScript => false,
+            Source::OwnConnection { contended } | Source::OtherClient { contended } => contended,
+        }
+    }
 }
 
 /// Turns an acquired hold into a guard: the hold is registered with the watchdog from
@@ -400,7 +503,7 @@ async fn take_up(
     queued.disarm();
     let (mut acquired_at, mut lasts) = timing;
     if driver.client().config().replica_acks > 0 {
-        if source == Source::OtherClient {
+        if matches!(source, Source::OtherClient { .. }) {
             // WAIT counts the writes of its own connection, and ours wrote nothing yet: top
             // the granted hold up to the full lease now (a write, after the grant in the
             // replication stream), so that the WAIT below covers the grant too.
@@ -413,9 +516,14 @@ async fn take_up(
         Box::pin(confirm_replicated(driver, owner, token)).await?;
     }
     let client = driver.client().clone();
-    let hold = client
-        .holds()
-        .adopt(driver.clone(), owner, token, lease, acquired_at, lasts);
+    let hold = client.holds().adopt(
+        driver.clone(),
+        owner,
+        token,
+        lease,
+        (acquired_at, lasts),
+        source.contended(),
+    );
     tracing::debug!(token, "acquired");
     Ok(LockGuard::new(hold, client))
 }
@@ -738,7 +846,11 @@ mod tests {
     use super::*;
 
     fn grant(lasts_ms: u64) -> Granted {
-        Granted { token: 7, lasts_ms }
+        Granted {
+            token: 7,
+            lasts_ms,
+            queued: false,
+        }
     }
 
     #[tokio::test]

@@ -1,5 +1,5 @@
-//! Leases: the local record of every hold, the watchdog that renews them, the lease-lost
-//! signal, and the release worker behind `Drop`.
+//! Leases: the local record of every hold, the watchdog that renews them, and the lease-lost
+//! signal. Releases live in `crate::release`.
 //!
 //! Each hold (one lock, one owner) is a [`Hold`] in the client's [`HoldRegistry`], shared by
 //! all guards that re-entered it. The single watchdog task of a client wakes at the earliest
@@ -14,16 +14,15 @@ use std::time::Duration;
 
 use dashmap::DashMap;
 use fred::types::Value;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::client::Core;
 use crate::config::{check_lease, MAX_DURATION};
-use crate::engine::{Driver, Released};
-use crate::error::{Backoff, Error, NotHeldReason, Result};
-use crate::notify::{Claim, HandedOver};
-use crate::owner::{op_id, Owner};
+use crate::engine::Driver;
+use crate::error::{Error, Result};
+use crate::owner::Owner;
 use crate::scripts::{int_array, Script};
 
 /// How a hold's lease is kept alive.
@@ -161,12 +160,20 @@ pub(crate) struct Hold {
     acquired_at: Instant,
     timing: StdMutex<Timing>,
     guards: AtomicUsize,
+    /// Other acquisitions waited for the lock when this hold began (it was granted or handed
+    /// over): its release is worth deferring for a task of this client (`crate::release`).
+    pub(crate) contended: bool,
     lost: watch::Sender<Option<LostCause>>,
 }
 
 impl Hold {
     pub(crate) fn deadline(&self) -> Instant {
         self.timing().deadline
+    }
+
+    /// Guards alive on this hold (0 once its last guard was released).
+    pub(crate) fn guards(&self) -> usize {
+        self.guards.load(Ordering::Acquire)
     }
 
     pub(crate) fn lost_receiver(&self) -> watch::Receiver<Option<LostCause>> {
@@ -261,6 +268,8 @@ impl Hold {
 /// Every live hold of one client, by (role, owner, lock).
 pub(crate) struct HoldRegistry {
     holds: DashMap<String, Arc<Hold>>,
+    /// The holds of `holds` by lock id (several owners of a shared lock).
+    by_lock: DashMap<Arc<str>, Vec<Arc<Hold>>>,
     /// Wakes the watchdog early, when a new hold is due before its planned wake-up.
     kick: Notify,
     /// When the watchdog plans to wake up next, in ms since `epoch`.
@@ -272,6 +281,7 @@ impl Default for HoldRegistry {
     fn default() -> Self {
         HoldRegistry {
             holds: DashMap::new(),
+            by_lock: DashMap::new(),
             kick: Notify::new(),
             next_wake_ms: AtomicU64::new(0),
             epoch: Instant::now(),
@@ -292,8 +302,8 @@ impl HoldRegistry {
         owner: &Owner,
         token: u64,
         lease: Lease,
-        sent_at: Instant,
-        lasts: Duration,
+        (sent_at, lasts): (Instant, Duration),
+        contended: bool,
     ) -> Arc<Hold> {
         let key = format!(
             "{}|{}|{}",
@@ -325,6 +335,7 @@ impl HoldRegistry {
                     extended_at: None,
                 }),
                 guards: AtomicUsize::new(1),
+                contended,
                 lost: watch::channel(None).0,
             })
         };
@@ -344,7 +355,12 @@ impl HoldRegistry {
                     hold
                 }
             }
-            dashmap::Entry::Vacant(entry) => entry.insert(fresh(driver)).clone(),
+            dashmap::Entry::Vacant(entry) => {
+                let hold = entry.insert(fresh(driver)).clone();
+                let lock_id = hold.driver.keys().id().clone();
+                self.by_lock.entry(lock_id).or_default().push(hold.clone());
+                hold
+            }
         };
         // Most holds are due a third of a lease from now, later than the watchdog's next
         // wake-up: then there is no need to disturb it (a kick costs a task wake-up per lock).
@@ -363,6 +379,7 @@ impl HoldRegistry {
         if let dashmap::Entry::Occupied(entry) = self.holds.entry(hold.key.clone()) {
             if Arc::ptr_eq(entry.get(), hold) && hold.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
                 entry.remove();
+                self.forget_lock(hold);
             }
         }
     }
@@ -375,9 +392,35 @@ impl HoldRegistry {
     /// Removes and returns every hold (shutdown).
     pub(crate) fn drain(&self) -> Vec<Arc<Hold>> {
         let keys: Vec<String> = self.holds.iter().map(|e| e.key().clone()).collect();
-        keys.into_iter()
+        let holds: Vec<Arc<Hold>> = keys
+            .into_iter()
             .filter_map(|k| self.holds.remove(&k).map(|(_, h)| h))
-            .collect()
+            .collect();
+        for hold in &holds {
+            self.forget_lock(hold);
+        }
+        holds
+    }
+
+    /// The earliest lease deadline of this client's holds of `driver`'s lock for other owners
+    /// than `owner` (any role), if there are any.
+    pub(crate) fn held_by_other(&self, driver: &dyn Driver, owner: &Owner) -> Option<Instant> {
+        let holds = self.by_lock.get(driver.keys().id().as_ref())?;
+        holds
+            .iter()
+            .filter(|hold| hold.owner.id() != owner.id() && hold.lost_cause().is_none())
+            .map(|hold| hold.deadline())
+            .min()
+    }
+
+    fn forget_lock(&self, hold: &Arc<Hold>) {
+        let lock_id = hold.driver.keys().id();
+        if let dashmap::Entry::Occupied(mut entry) = self.by_lock.entry(lock_id.clone()) {
+            entry.get_mut().retain(|other| !Arc::ptr_eq(other, hold));
+            if entry.get().is_empty() {
+                entry.remove();
+            }
+        }
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -564,127 +607,6 @@ async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
                 }
             }
         }
-    }
-}
-
-/// A release handed over by a guard's `Drop`.
-pub(crate) struct ReleaseJob {
-    pub(crate) hold: Arc<Hold>,
-}
-
-/// The release worker: runs the releases of dropped guards concurrently, drains its queue on
-/// shutdown, and exits when the last sender is gone.
-pub(crate) async fn run_release_worker(
-    mut jobs: mpsc::UnboundedReceiver<ReleaseJob>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut running = tokio::task::JoinSet::new();
-    loop {
-        tokio::select! {
-            job = jobs.recv() => match job {
-                Some(job) => { running.spawn(release_dropped(job)); }
-                None => break,
-            },
-            Some(_) = running.join_next(), if !running.is_empty() => {}
-            _ = shutdown.changed() => {
-                while let Ok(job) = jobs.try_recv() {
-                    running.spawn(release_dropped(job));
-                }
-                break;
-            }
-        }
-    }
-    while running.join_next().await.is_some() {}
-}
-
-/// Releases one level of `hold` (for `unlock()` and dropped guards). A transient failure
-/// (timeout, broken connection, failover) is retried with the same op id, so a release that did
-/// run is answered, not applied twice, until the hold's lease would have ended anyway; a hold
-/// whose lease is over by then is reported as expired.
-///
-/// A barging mutex's release may hand the lock straight to a waiting task of this client (see
-/// [`crate::Config::handover_streak`]): the first local waiter that can take it is claimed
-/// before the call, told the new token if the script handed it the lock, and released again
-/// here if it went away meanwhile.
-pub(crate) async fn release_hold(hold: &Hold) -> Result<Released> {
-    let op = op_id();
-    let mut backoff = Backoff::default();
-    let driver = &hold.driver;
-    let mut claim = if driver.hands_over() {
-        let waiters = driver.client().waiters();
-        waiters.claim_handover(driver.keys().id(), hold.owner.id())
-    } else {
-        None
-    };
-    loop {
-        let sent_at = Instant::now();
-        let successor = claim.as_ref().map(Claim::bid);
-        let outcome = driver
-            .release_to(&hold.owner, hold.token, &op, successor)
-            .await;
-        if let Some(claim) = claim.take() {
-            settle_claim(driver, claim, &outcome, sent_at).await;
-        }
-        match outcome {
-            Err(error) if error.is_retryable() => {
-                if Instant::now() + backoff.peek() >= hold.deadline() {
-                    // The lease is over: Redis drops the hold by itself (at the latest when its
-                    // TTL, which this client no longer extends, runs out).
-                    tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed past the lease; the hold expires");
-                    return Ok(Released::NotHeld(NotHeldReason::Expired));
-                }
-                tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed; retrying");
-                tokio::time::sleep(backoff.next_pause()).await;
-            }
-            other => return other,
-        }
-    }
-}
-
-/// Tells a claimed waiter how the release went: handed the lock (or, if it went away
-/// meanwhile, the hold is released again here), not handed it, or unknown (an error: the
-/// waiter re-checks, and its attempt is answered if it did get the lock). A release that fred
-/// re-sent after a broken connection still reports the hand-over it made (`hold_release.lua`).
-async fn settle_claim(
-    driver: &Arc<dyn Driver>,
-    claim: Claim,
-    outcome: &Result<Released>,
-    sent_at: Instant,
-) {
-    match outcome {
-        Ok(Released::Yes {
-            handed_over: Some(token),
-            ..
-        }) => {
-            let owner = claim.bid().1.owner.clone();
-            let token = *token;
-            if claim.deliver(HandedOver { token, at: sent_at }) {
-                // Let the new holder run before the releasing task goes on (typically with a
-                // command of its own, whose send would take the worker's next slot first).
-                tokio::task::yield_now().await;
-            } else {
-                let undone = driver.release(&owner, token, &op_id(), false).await;
-                tracing::debug!(
-                    lock = driver.keys().name(),
-                    ?undone,
-                    "released a hand-over to a waiter that went away"
-                );
-            }
-        }
-        // Freed but not handed over (the streak cap): the waiter races for the lock like the
-        // others; re-check it at once, since the event may wake another local waiter.
-        Ok(Released::Yes { remaining: 0, .. }) => claim.cancel(true),
-        Ok(_) => claim.cancel(false),
-        Err(_) => claim.cancel(true),
-    }
-}
-
-async fn release_dropped(job: ReleaseJob) {
-    let hold = job.hold;
-    let lock = hold.driver.keys().name();
-    match release_hold(&hold).await {
-        Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
-        Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),
     }
 }
 

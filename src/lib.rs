@@ -67,6 +67,7 @@ mod lock;
 mod notify;
 mod owner;
 mod queue;
+mod release;
 mod scripts;
 mod watch;
 

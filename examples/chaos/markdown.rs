@@ -109,9 +109,9 @@ pub fn render(
          It needs `redis-server` (7.0 here; `FREDLOCK_REDIS_SERVER=/path/to/redis-server` picks \
          another) and starts every server on a free loopback port in a temporary directory. \
          `--scenario NAME[,NAME]` runs some scenarios only (names below), `--modes stream` one \
-         notification mode, `--seconds N` shortens each cell. `CHAOS_HANDOVER_STREAK=<n>` \
-         overrides `Config::handover_streak` in the workers (0 turns the barging mutex's \
-         hand-over off), for A/B runs; `RUST_LOG=fredlock=debug` logs the workers. The exit \
+         notification mode, `--seconds N` shortens each cell. `CHAOS_HANDOVER_LIMIT_MS=<n>` \
+         overrides `Config::handover_limit` in the workers (0 turns the barging mutex's \
+         hand-overs and deferred releases off), for A/B runs; `RUST_LOG=fredlock=debug` logs the workers. The exit \
          status is 1 when a safety check failed.\n",
         options.reproduce()
     );

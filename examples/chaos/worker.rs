@@ -136,13 +136,13 @@ async fn connect_locks(options: &WorkerOptions, until: Instant) -> Option<LockCl
     // before that blocks the lock for at most one lease, like a dead holder. The read-write
     // lock's queue drops a dead waiter's place within one lease too.
     config.waiter_lease = options.lease;
-    // Experiments: CHAOS_HANDOVER_STREAK overrides Config::handover_streak (0 turns the
-    // barging mutex's local hand-over off).
-    if let Some(streak) = std::env::var("CHAOS_HANDOVER_STREAK")
+    // Experiments: CHAOS_HANDOVER_LIMIT_MS overrides Config::handover_limit (0 turns the
+    // barging mutex's hand-overs and deferred releases off).
+    if let Some(ms) = std::env::var("CHAOS_HANDOVER_LIMIT_MS")
         .ok()
         .and_then(|value| value.parse().ok())
     {
-        config.handover_streak = streak;
+        config.handover_limit = Duration::from_millis(ms);
     }
     loop {
         match LockClient::connect(config.clone()).await {

@@ -14,12 +14,12 @@
 --      after another task of the same owner re-entered
 --   x  op ids of the releases that freed the lock lately, newest first, ","-joined, at most 64
 --      bytes (two op ids: more would take the hash out of Redis's compact listpack encoding)
---   h  hand-overs in a row to a waiter of the releasing process (barging mutex)
 --   q  the wait queue, one line per waiter: "<waiter id> <inbox tag> <owner id> <lease ms>
---      <grant ms>\n" (ids never contain spaces or newlines: owner ids are printable ASCII
---      without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter that
---      is only woken, never granted the lock (a Redlock round: it takes the lock on every
---      instance itself)
+--      <grant ms> <since ms>\n" (ids never contain spaces or newlines: owner ids are printable
+--      ASCII without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter
+--      that is only woken, never granted the lock (a Redlock round: it takes the lock on every
+--      instance itself); since ms is the server clock when the waiter queued, which bounds how
+--      long a barging mutex may pass it over (hold_release.lua)
 -- Every write sets the hash's ttl to the holder's lease; a lock freed with nobody queued stays
 -- a tombstone {o = "", f, r, x} for the retry window, so that a retried release (same op id,
 -- re-sent by the client after a broken connection) is answered "released", and a take within
@@ -35,29 +35,37 @@
 -- the hash is older, the clock still puts the next token above every token the old primary
 -- issued (docs/design.md, fencing).
 --
--- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, h, q, g}, with o = false when
+-- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g}, with o = false when
 --                                      free (HMGET: a typed read, so a foreign value under the
 --                                      hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
--- fl_clock_after(last)             -> max(last + 1, server clock in us), a decimal string
+-- fl_now_us()                      -> the server clock in us (TIME)
+-- fl_token_after(last, now_us)     -> max(last + 1, now_us), a decimal string
+-- fl_clock_after(last)             -> fl_token_after(last, fl_now_us())
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
--- fl_hold_write(hold, owner, token, lease, r, x, h, q, g) writes a new hold; returns token
+-- fl_hold_write(hold, owner, token, lease, r, x, q, g) writes a new hold (q nil: the queue
+--                                      stays as it is); returns token
 -- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
 -- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
 -- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
+-- fl_queued_flag(q)                 -> 1 when q holds a waiter, else 0
+-- fl_queue_line(waiter, inbox, owner, lease, grant_ms) -> a queue line, stamped with the clock
+-- fl_queue_overdue(q, now_us, limit_ms, except) -> true when the first waiter of q (unless it
+--                                      is `except`) queued limit_ms or more before now_us
 -- fl_grant_next(hold, fields, q, x, events, mode, lock_id) -> true when granted
 --   Grants the lock to the first waiter of q whose client is there to hear it, dropping the
 --   others (and waking, on the way, the waiters that are only woken: event
 --   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
---   its grant ms, h = 0) before it sends anything (a write refused for want of memory then
+--   its grant ms) before it sends anything (a write refused for want of memory then
 --   fails the whole script, before any event), and sends the event
---   "0|grant|<waiter>,<token>,<grant ms>|<lock id>" to its client's inbox (fl_emit_to in
+--   "0|grant|<waiter>,<token>,<grant ms>,<queued>|<lock id>" (queued: 1 when waiters stay
+--   queued behind it) to its client's inbox (fl_emit_to in
 --   lib/notify.lua, which also tells whether the client is there to hear it). False when
 --   nobody was left.
 -- fl_free(hold, op, x, window) leaves the tombstone of a freed lock
 local function fl_hold_read(hold)
-  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'h', 'q', 'g')
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g')
   if v[1] == '' then
     v[1] = false
   end
@@ -82,13 +90,20 @@ local function fl_freed_chain(op, older)
   end
 end
 
-local function fl_clock_after(last)
+local function fl_now_us()
   local clock = redis.call('TIME')
-  local token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  if token <= last then
-    token = last + 1
+  return tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+end
+
+local function fl_token_after(last, now_us)
+  if now_us <= last then
+    return fl_fence_text(last + 1)
   end
-  return fl_fence_text(token)
+  return fl_fence_text(now_us)
+end
+
+local function fl_clock_after(last)
+  return fl_token_after(last, fl_now_us())
 end
 
 local function fl_hold_token(fields, fence, fence_arg)
@@ -102,9 +117,14 @@ local function fl_hold_token(fields, fence, fence_arg)
   return fl_fence_next(fence, fence_arg, last)
 end
 
-local function fl_hold_write(hold, owner, token, lease, r, x, h, q, g)
-  redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
-    'h', h, 'q', q, 'g', g)
+local function fl_hold_write(hold, owner, token, lease, r, x, q, g)
+  if q then
+    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
+      'q', q, 'g', g)
+  else
+    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
+      'g', g)
+  end
   redis.call('PEXPIRE', hold, lease)
   return token
 end
@@ -149,20 +169,45 @@ local function fl_queue_without(q, waiter)
   return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
 end
 
+local function fl_queued_flag(q)
+  if q and q ~= '' then
+    return 1
+  end
+  return 0
+end
+
+local function fl_queue_line(waiter, inbox, owner, lease, grant_ms)
+  local since = math.floor(fl_now_us() / 1000)
+  return waiter .. ' ' .. inbox .. ' ' .. owner .. ' ' .. lease .. ' ' .. grant_ms .. ' ' ..
+    string.format('%.0f', since) .. '\n'
+end
+
+local function fl_queue_overdue(q, now_us, limit_ms, except)
+  if not q or q == '' then
+    return false
+  end
+  local waiter, since = string.match(q, '^(%S+) [^\n]* (%d+)\n')
+  if not waiter or waiter == except then
+    return false
+  end
+  return now_us - tonumber(since) * 1000 >= limit_ms * 1000
+end
+
 local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
   local text
   while q ~= '' do
     local stop = string.find(q, '\n', 1, true)
     local line = string.sub(q, 1, stop - 1)
     q = string.sub(q, stop + 1)
-    local waiter, inbox, owner, lasts = string.match(line, '^(%S+) (%S+) (%S+) %d+ (%d+)$')
+    local waiter, inbox, owner, lasts = string.match(line, '^(%S+) (%S+) (%S+) %d+ (%d+) %d+$')
     if waiter and lasts == '0' then
       fl_emit_to(events .. ':to:' .. inbox, mode, '0|name|' .. waiter .. '|' .. lock_id)
     elseif waiter then
       text = text or fl_clock_after(tonumber(fields[3]))
       redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'h', 0, 'q', q, 'g', waiter)
-      local payload = '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. '|' .. lock_id
+        'x', x, 'q', q, 'g', waiter)
+      local payload = '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' ..
+        fl_queued_flag(q) .. '|' .. lock_id
       if fl_emit_to(events .. ':to:' .. inbox, mode, payload) then
         redis.call('PEXPIRE', hold, tonumber(lasts))
         return true
@@ -173,6 +218,6 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
 end
 
 local function fl_free(hold, op, x, window)
-  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'h', 0, 'q', '', 'g', '')
+  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'q', '', 'g', '')
   redis.call('PEXPIRE', hold, window)
 end

@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use crate::client::LockClient;
 use crate::engine::Released;
 use crate::error::{Error, NotHeldReason, Result};
-use crate::lease::{check_extension, release_hold, renew, Hold, LostCause, ReleaseJob};
+use crate::lease::{check_extension, renew, Hold, LostCause};
 use crate::owner::Owner;
+use crate::release::{release_hold, ReleaseJob};
 
 /// Proof of one hold on a lock: the guard all lock types share. Each lock type returns it
 /// wrapped in its own guard type ([`MutexGuard`], [`FairMutexGuard`], [`ReadGuard`],

@@ -153,16 +153,18 @@ pub(crate) fn acquire_reply(
 }
 
 /// Decodes `{1, left}` / `{0, 0}` / `{-1, 0}` (every release script, see `lua/lib/hold.lua`),
-/// and the barging mutex's `{1, 0, token}` (handed to a waiter of this process).
+/// and the barging mutex's `{1, 0, token, queued}` (handed to a task of this process).
 pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> {
     match *reply {
         [1, remaining] => Ok(Released::Yes {
             remaining: remaining.max(0) as u64,
             handed_over: None,
+            queued: false,
         }),
-        [1, _, token] => Ok(Released::Yes {
+        [1, _, token, queued] => Ok(Released::Yes {
             remaining: 0,
             handed_over: Some(token.max(0) as u64),
+            queued: queued == 1,
         }),
         [0, _] => Ok(Released::NotHeld(NotHeldReason::Expired)),
         [-1, _] => Ok(Released::NotHeld(NotHeldReason::HeldByOther)),

@@ -17,7 +17,7 @@ use crate::lock::{
     acquire_reply, flag_reply, force_unlock_with, inspect, release_call, release_with, run_call,
     Acquirer, LockState,
 };
-use crate::notify::{Bid, WaitKind};
+use crate::notify::{Bid, WaitKind, WakeRule};
 use crate::owner::Owner;
 use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 
@@ -26,15 +26,18 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 /// `FairMutex` also converts into a `Mutex` (`Mutex::from`) for code that picks the ordering
 /// at run time ([`is_fair`](Self::is_fair) tells which one a handle has).
 ///
-/// **Ordering** (local first, then FIFO). A release whose process has a task waiting for the
-/// lock hands the lock straight to that task (no event), at most
-/// [`Config::handover_streak`](crate::Config::handover_streak) times in a row (3 by default);
-/// otherwise, or then, it grants the lock to the waiter queued longest in Redis, and only
-/// that waiter's process hears of it (one event into its inbox): one release wakes one task
-/// of one process, however many wait. A free lock goes to whoever asks first (nobody is
-/// queued while it is free). Within the streak bound, hand-overs inside a process trade
-/// fairness for throughput, as `parking_lot`'s eventual fairness does; past it the queue
-/// decides.
+/// **Ordering** (local first, then FIFO, with eventual fairness). A release whose process has
+/// a task that wants the lock hands the lock straight to that task in the release's own round
+/// trip (no event): a task already waiting, or one that asks within a few scheduler turns of
+/// the release ([`Config::defer_release`](crate::Config::defer_release), the usual worker
+/// loop). It does so only while no waiter queued in Redis has waited
+/// [`Config::handover_limit`](crate::Config::handover_limit) (50 ms by default); otherwise
+/// it grants the lock to the waiter queued longest, and only that waiter's process hears of
+/// it (one event into its inbox): one release wakes one task of one process, however many
+/// wait. A free lock goes to whoever asks first (nobody is queued while it is free). Within
+/// the bound, hand-overs inside a process trade fairness for throughput, as `parking_lot`'s
+/// eventual fairness does; past it the queue decides, so no wait lasts much longer than the
+/// bound plus the holds ahead of it.
 ///
 /// A fair lock and a barging lock with the same name are different locks.
 ///
@@ -311,7 +314,7 @@ impl ExclusiveDriver {
                 bid.owner.id().into(),
                 waiter.into(),
                 (bid.lease.as_millis() as i64).into(),
-                i64::from(self.client.config().handover_streak).into(),
+                (self.client.config().handover_limit.as_millis() as i64).into(),
             ],
             None => ["".into(), "".into(), 0.into(), 0.into()],
         };
@@ -378,7 +381,7 @@ impl Driver for ExclusiveDriver {
     }
 
     fn hands_over(&self) -> bool {
-        !self.fair && self.client.config().handover_streak > 0
+        !self.fair && self.granted && !self.client.config().handover_limit.is_zero()
     }
 
     fn release_to<'a>(
@@ -395,13 +398,22 @@ impl Driver for ExclusiveDriver {
         let args = ScriptArgs::no_call()
             .window(self.window_ms())
             .events(self.client.core().event_args(&self.keys));
-        Box::pin(force_unlock_with(
-            &self.client,
-            &self.keys,
-            &SCRIPTS.hold_force_unlock,
-            self.script_keys().through(Key::Events),
-            args,
-        ))
+        Box::pin(async move {
+            let removed = force_unlock_with(
+                &self.client,
+                &self.keys,
+                &SCRIPTS.hold_force_unlock,
+                self.script_keys().through(Key::Events),
+                args,
+            )
+            .await?;
+            // Tasks of this client that wait on a hold of this client, not queued in Redis,
+            // hear of it from here.
+            self.client
+                .waiters()
+                .dispatch(self.keys.id(), &WakeRule::All);
+            Ok(removed)
+        })
     }
 
     fn wait_queue(&self) -> Option<ScriptKeys<'_>> {

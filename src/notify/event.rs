@@ -73,7 +73,17 @@ impl WakeRule {
         let id = parts.next().unwrap_or_default().to_owned();
         let mut number = || parts.next().and_then(|part| part.parse::<u64>().ok());
         match (number(), number()) {
-            (Some(token), Some(lasts_ms)) => WakeRule::Grant(id, Granted { token, lasts_ms }),
+            (Some(token), Some(lasts_ms)) => {
+                let queued = number() == Some(1);
+                WakeRule::Grant(
+                    id,
+                    Granted {
+                        token,
+                        lasts_ms,
+                        queued,
+                    },
+                )
+            }
             _ => WakeRule::Named(id),
         }
     }
@@ -118,6 +128,8 @@ pub(crate) struct Granted {
     pub(crate) token: u64,
     /// How long the granted hold lasts from the grant, in ms, until its new owner renews it.
     pub(crate) lasts_ms: u64,
+    /// Other waiters stayed queued behind the grant.
+    pub(crate) queued: bool,
 }
 
 #[cfg(test)]
@@ -168,12 +180,19 @@ mod tests {
 
     #[test]
     fn grants_carry_token_and_time_or_still_name_their_waiter() {
-        let event = Event::from_payload("0|grant|w1,1795511510591024,3000|mutex:a").unwrap();
+        let event = Event::from_payload("0|grant|w1,1795511510591024,3000,1|mutex:a").unwrap();
         let granted = Granted {
             token: 1_795_511_510_591_024,
             lasts_ms: 3_000,
+            queued: true,
         };
         assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
+        let event = Event::from_payload("0|grant|w1,1795511510591024,3000,0|mutex:a").unwrap();
+        let alone = Granted {
+            queued: false,
+            ..granted
+        };
+        assert_eq!(event.rule, WakeRule::Grant("w1".into(), alone));
         assert_eq!(
             WakeRule::parse("grant", "w1,x,3000"),
             WakeRule::Named("w1".into())

@@ -110,14 +110,34 @@ impl WaiterTable {
     pub(crate) fn claim_handover(&self, lock_id: &str, releaser: &str) -> Option<Claim> {
         let queue = self.queues.get(lock_id)?;
         let waiter = queue.iter().find(|w| {
-            w.is_idle()
-                && w.name.is_some()
-                && w.bid.as_ref().is_some_and(|bid| bid.owner.id() != releaser)
+            w.may_take_over_from(releaser)
                 && w.handover.transition(State::Open, State::Claimed).is_ok()
         })?;
         Some(Claim {
             waiter: waiter.clone(),
         })
+    }
+
+    /// Whether a release by `releaser` would find a local waiter of `lock_id` to claim.
+    pub(crate) fn has_handover_candidate(&self, lock_id: &str, releaser: &str) -> bool {
+        self.queues.get(lock_id).is_some_and(|queue| {
+            queue.iter().any(|w| {
+                w.may_take_over_from(releaser)
+                    && State::from_u8(w.handover.state.load(Ordering::Acquire)) == State::Open
+            })
+        })
+    }
+}
+
+impl Waiter {
+    /// Idle, named, and bidding for another owner than `releaser`.
+    fn may_take_over_from(&self, releaser: &str) -> bool {
+        self.is_idle()
+            && self.name.is_some()
+            && self
+                .bid
+                .as_ref()
+                .is_some_and(|bid| bid.owner.id() != releaser)
     }
 }
 

@@ -237,14 +237,14 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
     let acquire_on = |hold: &str, ask: Ask| ints(lua.attempt_on(hold, ask, &fence_arg(true)));
     let release_on = |hold: &str, owner: &str, token: i64, op: &str, to: (&str, &str)| {
         let (token, window) = (token.to_string(), WINDOW.to_string());
-        let (lease, streak) = (SUCCESSOR_LEASE.to_string(), STREAK.to_string());
+        let (lease, limit) = (SUCCESSOR_LEASE.to_string(), LIMIT.to_string());
         let lock_id = hold.trim_start_matches("{t:0}:");
         ints(lua.eval(
             &lua.release,
             &[hold, MARKER, FENCE, EVENTS],
             &[
                 owner, &token, op, "0", &window, "stream", "1000", lock_id, to.0, to.1, &lease,
-                &streak,
+                &limit,
             ],
         ))
     };
@@ -302,7 +302,7 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
             l: LEASE.to_string(),
             r: "b-inner".to_owned(),
             x: "a-release".to_owned(),
-            q: line("wc", "c", LEASE, WAITER_LEASE),
+            q: lua.line("wc", "c", LEASE, WAITER_LEASE),
             ..granted("b", tb, WAITER_LEASE, "wb")
         },
         LEASE,
@@ -317,12 +317,14 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
             busy(LEASE, te)
         );
     }
+    // The hand-over reply: {1, 0, token, 1} (wf and wk stay queued).
     let handed = release_on(Y, "e", te, "e-release", ("h", "wh"));
     assert_eq!(
-        (handed.len(), handed[0], handed[1]),
-        (3, 1, 0),
+        (handed.len(), handed[0], handed[1], handed[3]),
+        (4, 1, 0, 1),
         "{handed:?}"
     );
+    assert!(handed[2] > te, "h's token {} after {te}", handed[2]);
     // Lock z: m holds it, wn queued; m's release grants it to wn.
     let tm = acquire_on(Z, Ask::once("m", "m-take"))[1];
     assert_eq!(
@@ -334,7 +336,7 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
     let tn = server.cmd(&["HGET", Z, "f"]).as_str().expect("z's token");
     assert_eq!(
         lua.inbox_events("n"),
-        [format!("0|grant|wn,{tn},{WAITER_LEASE}|mutex:z")]
+        [format!("0|grant|wn,{tn},{WAITER_LEASE},0|mutex:z")]
     );
 
     // One call over every lock, several waiters each, a lock with no id, a key twice, a lock
@@ -479,7 +481,7 @@ fn inbox_keep_creates_empty_streams_and_refreshes_their_ttl() {
         assert!(ttl > 0 && ttl <= 30_000, "{key}: {ttl}");
     }
     // An inbox with an event and a ttl running low: kept, entry and all, ttl pushed forward.
-    server.cmd(&["XADD", &first, "*", "e", "0|grant|w,1,3000|mutex:x"]);
+    server.cmd(&["XADD", &first, "*", "e", "0|grant|w,1,3000,0|mutex:x"]);
     server.cmd(&["PEXPIRE", &first, "1000"]);
     assert_eq!(
         ints(keep_inboxes(&server, &[&first, &second], "30000")),

@@ -8,8 +8,9 @@ use crate::support::*;
 /// Stream mode: a release that frees the lock grants it to the first queued waiter whose
 /// client's inbox stream exists (`inbox_keep.lua` keeps it): the hold in the waiter's name
 /// (token max(f + 1, clock), its grant ms = min(lease, waiter lease) as l and as the hold's
-/// ttl, its waiter id as r), and one event `0|grant|<waiter>,<token>,<grant ms>|<lock id>` into
-/// that inbox alone. Waiters with no inbox, or a foreign value there (left alone), are dropped
+/// ttl, its waiter id as r), and one event `0|grant|<waiter>,<token>,<grant ms>,<queued>|<lock
+/// id>` into that inbox alone (queued: 1 when other lines stay in the queue after the grant,
+/// else 0). Waiters with no inbox, or a foreign value there (left alone), are dropped
 /// from the queue; the hold written in a dropped waiter's name is overwritten by the next
 /// one's, or by the free when nobody is left (the tombstone keeps the token drawn for it). The
 /// waiter's next attempt is answered with the grant; a busy attempt is given the grant ms.
@@ -40,13 +41,13 @@ fn a_release_grants_the_lock_to_the_first_waiter_whose_inbox_exists() {
     lua.assert_hold(
         &HoldHash {
             x: "a-release".to_owned(),
-            q: line("wd", "d", 2_000, 2_000),
+            q: lua.line("wd", "d", 2_000, 2_000),
             ..granted("c", tc, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,
         "c's grant",
     );
-    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE)]);
+    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, true)]);
     assert!(lua.inbox_events("d").is_empty(), "d was told");
     assert!(
         !exists(&server, &inbox("b")),
@@ -88,7 +89,7 @@ fn a_release_grants_the_lock_to_the_first_waiter_whose_inbox_exists() {
         2_000,
         "d's grant",
     );
-    assert_eq!(lua.inbox_events("d"), [grant("wd", td, 2_000)]);
+    assert_eq!(lua.inbox_events("d"), [grant("wd", td, 2_000, false)]);
     assert_eq!(lua.inbox_events("c").len(), 1, "c was told twice");
 
     // Nobody alive is queued: d's release writes the hold in e's name, then in x's (grant ms
@@ -143,10 +144,10 @@ fn a_release_wakes_the_waiters_that_are_only_woken_and_grants_the_next() {
     }
     let queued = HoldHash {
         q: [
-            line("wr", "r", LEASE, 0),
-            line("ws", "s", LEASE, 0),
-            line("wc", "c", LEASE, WAITER_LEASE),
-            line("wz", "z", 2_000, 0),
+            lua.line("wr", "r", LEASE, 0),
+            lua.line("ws", "s", LEASE, 0),
+            lua.line("wc", "c", LEASE, WAITER_LEASE),
+            lua.line("wz", "z", 2_000, 0),
         ]
         .concat(),
         ..held("a", t, LEASE, "a-take")
@@ -161,14 +162,14 @@ fn a_release_wakes_the_waiters_that_are_only_woken_and_grants_the_next() {
     lua.assert_hold(
         &HoldHash {
             x: "a-release".to_owned(),
-            q: line("wz", "z", 2_000, 0),
+            q: lua.line("wz", "z", 2_000, 0),
             ..granted("c", tc, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,
         "c's grant after r was woken",
     );
     assert_eq!(lua.inbox_events("r"), [wake("wr")]);
-    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE)]);
+    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, true)]);
     assert!(lua.inbox_events("z").is_empty(), "z was woken early");
     assert!(
         !exists(&server, &inbox("s")),
@@ -252,14 +253,17 @@ fn pubsub_grants_go_to_the_first_waiter_whose_inbox_has_a_subscriber() {
     lua.assert_hold(
         &HoldHash {
             x: "a-release".to_owned(),
-            q: line("wd", "d", LEASE, WAITER_LEASE),
+            q: lua.line("wd", "d", LEASE, WAITER_LEASE),
             ..granted("c", tc, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,
         "c's grant (r woken, b has no subscriber)",
     );
     assert_eq!(next_message(), message("r", wake("wr")));
-    assert_eq!(next_message(), message("c", grant("wc", tc, WAITER_LEASE)));
+    assert_eq!(
+        next_message(),
+        message("c", grant("wc", tc, WAITER_LEASE, true))
+    );
 
     // Nobody hears for d: c's release writes the hold in d's name (the token drawn for it),
     // then frees the lock.
@@ -351,7 +355,7 @@ fn a_grant_writes_the_hold_before_it_publishes_the_event() {
     let granted = subscriber.read_reply().expect("the grant").as_array();
     assert_eq!(
         granted[2].as_str(),
-        Some(grant("wc", tc, WAITER_LEASE)),
+        Some(grant("wc", tc, WAITER_LEASE, false)),
         "{granted:?}"
     );
     lua.assert_no_stray_keys();
@@ -380,8 +384,8 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
     }
     assert_eq!(lua.leave("wc"), vec![1]);
     let queue = [
-        line("wb", "b", LEASE, WAITER_LEASE),
-        line("wd", "d", LEASE, WAITER_LEASE),
+        lua.line("wb", "b", LEASE, WAITER_LEASE),
+        lua.line("wd", "d", LEASE, WAITER_LEASE),
     ]
     .concat();
     let a_holds = HoldHash {
@@ -412,8 +416,11 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
         WAITER_LEASE,
         "d's grant from b",
     );
-    assert_eq!(lua.inbox_events("b"), [grant("wb", tb, WAITER_LEASE)]);
-    assert_eq!(lua.inbox_events("d"), [grant("wd", td, WAITER_LEASE)]);
+    assert_eq!(lua.inbox_events("b"), [grant("wb", tb, WAITER_LEASE, true)]);
+    assert_eq!(
+        lua.inbox_events("d"),
+        [grant("wd", td, WAITER_LEASE, false)]
+    );
     assert!(lua.inbox_events("c").is_empty());
     assert_eq!(lua.release("a", t, "a-release"), vec![1, 0]);
     let before = lua.dump(&[]);
@@ -467,7 +474,10 @@ fn force_unlock_grants_to_the_queue_head_or_frees_the_lock() {
         "b's grant by force",
     );
     assert_eq!(lua.inbox_events("r"), [wake("wr")]);
-    assert_eq!(lua.inbox_events("b"), [grant("wb", tb, WAITER_LEASE)]);
+    assert_eq!(
+        lua.inbox_events("b"),
+        [grant("wb", tb, WAITER_LEASE, false)]
+    );
     let before = lua.dump(&[]);
     assert_eq!(lua.release("a", t, "a-release"), vec![-1, 0]);
     assert_eq!(

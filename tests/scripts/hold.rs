@@ -1,6 +1,6 @@
 //! Takes, re-entries, busy waiters queuing once, releases counting down and answering their
-//! retries, hand-overs to a waiter of the releasing process (`hold_acquire.lua`,
-//! `hold_release.lua`).
+//! retries, hand-overs to a task of the releasing process until the queue's head has waited the
+//! hand-over limit (`hold_acquire.lua`, `hold_release.lua`).
 
 use crate::lua::*;
 use crate::support::*;
@@ -8,8 +8,9 @@ use crate::support::*;
 /// A take, a retried take, re-entries (a lease longer than the hold's remaining time extends
 /// the hold and becomes its `l`, so busy replies carry it; a shorter one changes neither), and
 /// busy attempts: a try (no waiter id, or waiter lease 0) never queues; a waiting attempt
-/// appends one line to `q` (its waiter id, inbox tag, owner, lease and grant ms = min(lease,
-/// waiter lease)), and its next attempts (other op ids) add none. The busy reply is the
+/// appends one line to `q` (its waiter id, inbox tag, owner, lease, grant ms = min(lease,
+/// waiter lease) and since = the server clock in ms when it queued), and its next attempts
+/// (other op ids) add none and leave its since as it was. The busy reply is the
 /// holder's lease and token. The first take of the shard draws its token from the fence key
 /// (at or above the server clock); neither the re-entry nor a busy attempt reads or writes the
 /// fence key.
@@ -69,14 +70,30 @@ fn a_take_reenters_and_a_busy_waiter_queues_once() {
     );
     assert_eq!(lua.hash(), holding, "a try changed the hold");
 
-    // A waiting attempt queues once; its next attempts (other ops) add no line.
+    // A waiting attempt queues once, its line stamped with the server clock (ms) of the call;
+    // its next attempts (other ops) add no line and keep the stamp.
+    let before = lua.clock().div_euclid(1000);
     assert_eq!(
         lua.acquire(Ask::waiting("b", "b-wait", "wb")),
         busy(2 * LEASE, t)
     );
+    let after = lua.clock().div_euclid(1000);
+    let since = queued_since(&lua.hash().q, "wb").expect("wb queued");
+    assert!(
+        (before..=after).contains(&since),
+        "wb queued at {since} ms, not within {before}..={after}"
+    );
+    assert_eq!(
+        lua.hash().q,
+        queue_line("wb", "b", LEASE, WAITER_LEASE, since)
+    );
     assert_eq!(
         lua.acquire(Ask::waiting("b", "b-wait-2", "wb")),
         busy(2 * LEASE, t)
+    );
+    assert_eq!(
+        lua.hash().q,
+        queue_line("wb", "b", LEASE, WAITER_LEASE, since)
     );
     // Grant ms = min(lease, waiter lease); a waiter id that is a prefix of a queued one
     // ("w" of "wb") is another waiter.
@@ -93,9 +110,9 @@ fn a_take_reenters_and_a_busy_waiter_queues_once() {
         busy(2 * LEASE, t)
     );
     let queue = [
-        line("wb", "b", LEASE, WAITER_LEASE),
-        line("wc", "c", 2_000, 2_000),
-        line("w", "d", LEASE, LEASE),
+        lua.line("wb", "b", LEASE, WAITER_LEASE),
+        lua.line("wc", "c", 2_000, 2_000),
+        lua.line("w", "d", LEASE, LEASE),
     ]
     .concat();
     let queued = HoldHash {
@@ -161,8 +178,8 @@ fn a_reentry_drops_the_callers_own_queue_line() {
     assert_drawn(tp, t, clock, "wp1's grant");
     let first = tp;
     let after_wp1 = [
-        line("wp2", "p", LEASE, WAITER_LEASE),
-        line("wc", "c", LEASE, WAITER_LEASE),
+        lua.line("wp2", "p", LEASE, WAITER_LEASE),
+        lua.line("wc", "c", LEASE, WAITER_LEASE),
     ]
     .concat();
     lua.assert_hold(
@@ -174,7 +191,10 @@ fn a_reentry_drops_the_callers_own_queue_line() {
         WAITER_LEASE,
         "wp1's grant",
     );
-    assert_eq!(lua.inbox_events("p"), [grant("wp1", tp, WAITER_LEASE)]);
+    assert_eq!(
+        lua.inbox_events("p"),
+        [grant("wp1", tp, WAITER_LEASE, true)]
+    );
 
     // wp2 looks again: its owner holds the lock, so it re-enters, and its line is gone (c's
     // stays). A retried attempt is answered the same.
@@ -189,7 +209,7 @@ fn a_reentry_drops_the_callers_own_queue_line() {
         l: LEASE.to_string(),
         r: "p-wait-2-again".to_owned(),
         x: "a-release".to_owned(),
-        q: line("wc", "c", LEASE, WAITER_LEASE),
+        q: lua.line("wc", "c", LEASE, WAITER_LEASE),
         ..granted("p", tp, WAITER_LEASE, "wp1")
     };
     lua.assert_hold(&reentered, LEASE, "wp2's re-entry");
@@ -231,7 +251,10 @@ fn a_reentry_drops_the_callers_own_queue_line() {
         WAITER_LEASE,
         "c's grant",
     );
-    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE)]);
+    assert_eq!(
+        lua.inbox_events("c"),
+        [grant("wc", tc, WAITER_LEASE, false)]
+    );
     assert_eq!(lua.inbox_events("p").len(), 1, "wp2 was granted the lock");
 
     // The same with nobody else queued: c's release grants the lock to wp3, wp4 re-enters
@@ -247,7 +270,7 @@ fn a_reentry_drops_the_callers_own_queue_line() {
     assert_eq!(lua.release("c", tc, "c-release"), vec![1, 0]);
     let tp = lua.token();
     assert!(tp > tc, "wp3's grant: token {tp} after {tc}");
-    assert_eq!(lua.hash().q, line("wp4", "p", LEASE, WAITER_LEASE));
+    assert_eq!(lua.hash().q, lua.line("wp4", "p", LEASE, WAITER_LEASE));
     assert_eq!(
         lua.acquire(Ask::waiting("p", "p-wait-4-again", "wp4")),
         vec![1, tp, 2]
@@ -267,8 +290,8 @@ fn a_reentry_drops_the_callers_own_queue_line() {
     assert_eq!(
         lua.inbox_events("p"),
         [
-            grant("wp1", first, WAITER_LEASE),
-            grant("wp3", tp, WAITER_LEASE)
+            grant("wp1", first, WAITER_LEASE, true),
+            grant("wp3", tp, WAITER_LEASE, true)
         ],
         "wp2 or wp4 was granted the lock"
     );
@@ -304,8 +327,8 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
         &HoldHash {
             x: "a-release".to_owned(),
             q: [
-                line("wp2", "p", LEASE, WAITER_LEASE),
-                line("wc", "c", LEASE, WAITER_LEASE),
+                lua.line("wp2", "p", LEASE, WAITER_LEASE),
+                lua.line("wc", "c", LEASE, WAITER_LEASE),
             ]
             .concat(),
             ..granted("p", tp, WAITER_LEASE, "wp1")
@@ -313,7 +336,10 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
         WAITER_LEASE,
         "wp1's grant",
     );
-    assert_eq!(lua.inbox_events("p"), [grant("wp1", tp, WAITER_LEASE)]);
+    assert_eq!(
+        lua.inbox_events("p"),
+        [grant("wp1", tp, WAITER_LEASE, true)]
+    );
 
     // wp2 re-enters before wp1 read its grant: r is wp2's op, g stays wp1.
     assert_eq!(
@@ -325,7 +351,7 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
         l: LEASE.to_string(),
         r: "p-wait-2-again".to_owned(),
         x: "a-release".to_owned(),
-        q: line("wc", "c", LEASE, WAITER_LEASE),
+        q: lua.line("wc", "c", LEASE, WAITER_LEASE),
         ..granted("p", tp, WAITER_LEASE, "wp1")
     };
     lua.assert_hold(&reentered, LEASE, "wp2's re-entry on wp1's grant");
@@ -379,7 +405,10 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
         ..granted("c", tc, WAITER_LEASE, "wc")
     };
     lua.assert_hold(&c_holds, WAITER_LEASE, "c's grant from p");
-    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE)]);
+    assert_eq!(
+        lua.inbox_events("c"),
+        [grant("wc", tc, WAITER_LEASE, false)]
+    );
     assert_eq!(
         snapshot(&server, FENCE),
         before_fence,
@@ -517,7 +546,9 @@ fn releases_resent_after_others_took_the_lock_are_answered_released() {
             lua.release(&owner, token, &release(n))
         };
         assert_eq!(given[..2], [1, 0], "{owner}: {given:?}");
-        assert_eq!(given.len(), if n % 2 == 0 { 3 } else { 2 }, "{given:?}");
+        // A hand-over: {1, 0, token, 0} (nobody queued).
+        assert_eq!(given.len(), if n % 2 == 0 { 4 } else { 2 }, "{given:?}");
+        assert_eq!(given.get(3), (n % 2 == 0).then_some(&0), "{given:?}");
         handed = given.get(2).map(|&token| (token, clock));
     }
     let clock = lua.clock();
@@ -535,40 +566,52 @@ fn releases_resent_after_others_took_the_lock_are_answered_released() {
 }
 
 /// The hand-over (`lua/hold_release.lua`): a release that frees the lock takes it for a named
-/// successor (token max(f + 1, clock), its lease, its waiter id as r, its queue line removed,
-/// the streak counted in h) and says so; the successor's re-check is answered without a second
-/// level; a re-sent release still reports the hand-over (or only "released" when it names
-/// another successor); after `STREAK` hand-overs in a row the queue's head gets the lock (for
-/// its grant ms), and a fresh streak starts. No hand-over or grant reads or writes the fence
-/// key or sends an event to the successor.
+/// successor (token max(f + 1, clock), its lease, its waiter id as r and g, its own queue line
+/// removed, the other lines untouched) and replies {1, 0, token, queued} (queued: 1 while
+/// waiters stay in the queue); the successor's re-check is answered without a second level; a
+/// re-sent release still reports the hand-over (or only "released" when it names another
+/// successor). No count caps hand-overs in a row: only time does. Once the queue's head (a
+/// waiter other than the successor) has waited the limit (ARGV[12], ms) or more since it
+/// queued, the release grants the lock to it instead (for its grant ms, grant event in its
+/// inbox) and replies {1, 0}, the successor's own line (if queued) staying; a successor that
+/// is itself the head is handed the lock however long it waited. Times are set, not waited
+/// for: the head's since column is set back, or the limit is 0. No hand-over or grant reads or
+/// writes the fence key or sends an event to the successor.
 #[test]
-fn a_release_hands_the_lock_to_a_successor_at_most_streak_times_in_a_row() {
+fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_limit() {
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    lua.open_inboxes(&["b", "c", "d", "e", "f"]);
+    lua.open_inboxes(&["b", "c", "d", "e", "f", "g", "h", "i"]);
     let t = lua.acquire(Ask::once("a", "a-take"))[1];
     let fence = snapshot(&server, FENCE);
-    for (owner, waiter) in [("b", "wb"), ("c", "wc")] {
+    for (owner, waiter) in [("b", "wb"), ("c", "wc"), ("e", "we")] {
         assert_eq!(
             lua.acquire(Ask::waiting(owner, &format!("{owner}-wait"), waiter)),
             busy(LEASE, t)
         );
     }
+    let rest = || {
+        [
+            lua.line("wc", "c", LEASE, WAITER_LEASE),
+            lua.line("we", "e", LEASE, WAITER_LEASE),
+        ]
+        .concat()
+    };
 
+    // a hands the lock to b, the queue's head: wb's line goes, wc's and we's stay.
     let clock = lua.clock();
     let handed = lua.hand_over("a", t, "a-release", ("b", "wb"));
     assert_eq!(
-        (handed.len(), handed[0], handed[1]),
-        (3, 1, 0),
+        (handed.len(), handed[0], handed[1], handed[3]),
+        (4, 1, 0, 1),
         "{handed:?}"
     );
     let tb = handed[2];
     assert_drawn(tb, t, clock, "b's hand-over");
     let b_holds = HoldHash {
         x: "a-release".to_owned(),
-        h: "1".to_owned(),
-        q: line("wc", "c", LEASE, WAITER_LEASE),
+        q: rest(),
         ..granted("b", tb, SUCCESSOR_LEASE, "wb")
     };
     lua.assert_hold(&b_holds, SUCCESSOR_LEASE, "b's hand-over");
@@ -594,7 +637,7 @@ fn a_release_hands_the_lock_to_a_successor_at_most_streak_times_in_a_row() {
     // it); re-sent with another successor, or none, it is only answered as released.
     assert_eq!(
         lua.hand_over("a", t, "a-release", ("b", "wb")),
-        vec![1, 0, tb]
+        vec![1, 0, tb, 1]
     );
     assert_eq!(lua.hand_over("a", t, "a-release", ("c", "wc")), vec![1, 0]);
     assert_eq!(lua.release("a", t, "a-release"), vec![1, 0]);
@@ -617,7 +660,7 @@ fn a_release_hands_the_lock_to_a_successor_at_most_streak_times_in_a_row() {
     assert!(answered[3] > 0 && answered[3] <= LEASE, "{answered:?}");
     assert_eq!(
         lua.hand_over("a", t, "a-release", ("b", "wb")),
-        vec![1, 0, tb]
+        vec![1, 0, tb, 1]
     );
     assert_eq!(lua.hand_over("a", t, "a-release", ("c", "wc")), vec![1, 0]);
     assert_eq!(lua.hash(), b_twice, "a re-sent release changed the hold");
@@ -631,68 +674,235 @@ fn a_release_hands_the_lock_to_a_successor_at_most_streak_times_in_a_row() {
         }
     );
 
-    // Second hand-over in a row, to a successor that never queued: the queue stays. With b's
-    // token ahead of the clock, the tokens from here on are exactly one above the last.
+    // The head wc has waited half the limit: b hands the lock over again, to d, which never
+    // queued; the queue stays as it is. With b's token ahead of the clock, the tokens from
+    // here on are exactly one above the last.
+    lua.set_since("wc", lua.clock().div_euclid(1000) - LIMIT / 2);
     let tb = lua.push_ahead();
     assert_eq!(
         lua.hand_over("b", tb, "b-release", ("d", "wd")),
-        vec![1, 0, tb + 1]
+        vec![1, 0, tb + 1, 1]
     );
     lua.assert_hold(
         &HoldHash {
             x: "b-release,a-release".to_owned(),
-            h: "2".to_owned(),
-            q: line("wc", "c", LEASE, WAITER_LEASE),
+            q: rest(),
             ..granted("d", tb + 1, SUCCESSOR_LEASE, "wd")
         },
         SUCCESSOR_LEASE,
         "d's hand-over",
     );
-
-    // The cap: d's release does not hand over; the queue's head c gets the lock for its grant
-    // ms (grant event to c's inbox) and the streak starts again.
+    // A third in a row, to f (no count caps them).
     assert_eq!(
-        lua.hand_over("d", tb + 1, "d-release", ("e", "we")),
-        vec![1, 0]
+        lua.hand_over("d", tb + 1, "d-release", ("f", "wf")),
+        vec![1, 0, tb + 2, 1]
     );
     lua.assert_hold(
         &HoldHash {
             x: "d-release,b-release,a-release".to_owned(),
-            ..granted("c", tb + 2, WAITER_LEASE, "wc")
-        },
-        WAITER_LEASE,
-        "c's grant after the streak",
-    );
-    assert_eq!(lua.inbox_events("c"), [grant("wc", tb + 2, WAITER_LEASE)]);
-    assert!(lua.inbox_events("e").is_empty());
-    // d's release, re-sent naming e: answered, no hand-over.
-    assert_eq!(
-        lua.hand_over("d", tb + 1, "d-release", ("e", "we")),
-        vec![1, 0]
-    );
-    assert_eq!(hold_owner(&server, HOLD).as_deref(), Some("c"));
-
-    // A fresh streak: c hands over to f.
-    assert_eq!(
-        lua.hand_over("c", tb + 2, "c-release", ("f", "wf")),
-        vec![1, 0, tb + 3]
-    );
-    lua.assert_hold(
-        &HoldHash {
-            x: "c-release,d-release,b-release,a-release".to_owned(),
-            h: "1".to_owned(),
-            ..granted("f", tb + 3, SUCCESSOR_LEASE, "wf")
+            q: rest(),
+            ..granted("f", tb + 2, SUCCESSOR_LEASE, "wf")
         },
         SUCCESSOR_LEASE,
         "f's hand-over",
     );
+    for owner in ["d", "f"] {
+        assert!(lua.inbox_events(owner).is_empty(), "{owner} was sent to");
+    }
+
+    // The head wc has waited the limit (its since set back by the limit, read before the
+    // call): f's release, naming e (queued behind wc), grants the lock to wc instead (grant
+    // event to c's inbox); we stays queued.
+    lua.set_since("wc", lua.clock().div_euclid(1000) - LIMIT);
+    assert_eq!(
+        lua.hand_over("f", tb + 2, "f-release", ("e", "we")),
+        vec![1, 0]
+    );
+    let c_holds = HoldHash {
+        x: "f-release,d-release,b-release,a-release".to_owned(),
+        q: lua.line("we", "e", LEASE, WAITER_LEASE),
+        ..granted("c", tb + 3, WAITER_LEASE, "wc")
+    };
+    lua.assert_hold(&c_holds, WAITER_LEASE, "wc's grant: it waited the limit");
+    assert_eq!(
+        lua.inbox_events("c"),
+        [grant("wc", tb + 3, WAITER_LEASE, true)]
+    );
+    assert!(lua.inbox_events("e").is_empty(), "e was sent to");
+    // f's release, re-sent naming e: answered, no hand-over, nothing changed.
+    let before = lua.dump(&[]);
+    assert_eq!(
+        lua.hand_over("f", tb + 2, "f-release", ("e", "we")),
+        vec![1, 0]
+    );
+    assert_eq!(lua.dump(&[]), before, "a re-sent release changed a key");
+    assert_eq!(lua.hash(), c_holds);
+
+    // g queues behind we. With limit 0 every head is overdue, but the successor we is the
+    // head itself: c hands it the lock; wg stays queued.
+    assert_eq!(
+        lua.acquire(Ask::waiting("g", "g-wait", "wg")),
+        busy(WAITER_LEASE, tb + 3)
+    );
+    assert_eq!(
+        lua.hand_over_within("c", tb + 3, "c-release", ("e", "we"), 0),
+        vec![1, 0, tb + 4, 1]
+    );
+    let e_holds = HoldHash {
+        x: "c-release,f-release,d-release,b-release,a-release".to_owned(),
+        q: lua.line("wg", "g", LEASE, WAITER_LEASE),
+        ..granted("e", tb + 4, SUCCESSOR_LEASE, "we")
+    };
+    lua.assert_hold(&e_holds, SUCCESSOR_LEASE, "we's hand-over as the head");
+    assert!(lua.inbox_events("e").is_empty(), "e was sent to");
+    assert_eq!(
+        lua.hand_over_within("c", tb + 3, "c-release", ("e", "we"), 0),
+        vec![1, 0, tb + 4, 1]
+    );
+    assert_eq!(lua.hash(), e_holds, "a re-sent release changed the hold");
+
+    // Limit 0, the head wg (just queued) not the successor: e's release grants to wg.
+    assert_eq!(
+        lua.hand_over_within("e", tb + 4, "e-release", ("f", "wf"), 0),
+        vec![1, 0]
+    );
+    lua.assert_hold(
+        &HoldHash {
+            x: "e-release,c-release,f-release,d-release,b-release,a-release".to_owned(),
+            ..granted("g", tb + 5, WAITER_LEASE, "wg")
+        },
+        WAITER_LEASE,
+        "wg's grant under limit 0",
+    );
+    assert_eq!(
+        lua.inbox_events("g"),
+        [grant("wg", tb + 5, WAITER_LEASE, false)]
+    );
+    assert!(lua.inbox_events("f").is_empty(), "f was sent to");
+    // c's hand-over, re-sent now that the lock moved on from we: only "released".
+    assert_eq!(
+        lua.hand_over_within("c", tb + 3, "c-release", ("e", "we"), 0),
+        vec![1, 0]
+    );
+
+    // Nobody queued: nobody is overdue, even under limit 0; g hands the lock to h ({1, 0,
+    // token, 0}). The freed-by chain keeps the newest op ids within 64 bytes.
+    assert_eq!(
+        lua.hand_over_within("g", tb + 5, "g-release", ("h", "wh"), 0),
+        vec![1, 0, tb + 6, 0]
+    );
+    lua.assert_hold(
+        &HoldHash {
+            x: "g-release,e-release,c-release,f-release,d-release,b-release".to_owned(),
+            ..granted("h", tb + 6, SUCCESSOR_LEASE, "wh")
+        },
+        SUCCESSOR_LEASE,
+        "h's hand-over with nobody queued",
+    );
+    assert!(lua.inbox_events("h").is_empty(), "h was sent to");
+
+    // The successor's own line the only one queued: handed over (limit 0: it is the head),
+    // and nobody stays queued ({1, 0, token, 0}); a re-sent release says the same.
+    assert_eq!(
+        lua.acquire(Ask::waiting("i", "i-wait", "wi")),
+        busy(SUCCESSOR_LEASE, tb + 6)
+    );
+    assert_eq!(lua.hash().q, lua.line("wi", "i", LEASE, WAITER_LEASE));
+    assert_eq!(
+        lua.hand_over_within("h", tb + 6, "h-release", ("i", "wi"), 0),
+        vec![1, 0, tb + 7, 0]
+    );
+    let i_holds = HoldHash {
+        x: "h-release,g-release,e-release,c-release,f-release,d-release".to_owned(),
+        ..granted("i", tb + 7, SUCCESSOR_LEASE, "wi")
+    };
+    lua.assert_hold(&i_holds, SUCCESSOR_LEASE, "wi's hand-over, nobody left");
+    assert_eq!(
+        lua.hand_over_within("h", tb + 6, "h-release", ("i", "wi"), 0),
+        vec![1, 0, tb + 7, 0]
+    );
+    assert!(lua.inbox_events("i").is_empty(), "i was sent to");
+    assert_eq!(lua.hash(), i_holds, "a re-sent release changed the hold");
+
     // A stale holder cannot hand the lock over.
     let before = lua.dump(&[]);
     assert_eq!(
-        lua.hand_over("c", tb + 2, "c-again", ("e", "we")),
+        lua.hand_over("h", tb + 6, "h-again", ("e", "we")),
         vec![-1, 0]
     );
     assert_eq!(lua.dump(&[]), before);
+
+    assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
+    lua.assert_no_stray_keys();
+}
+
+/// A release naming a successor while the queue's head is overdue grants the lock to the
+/// queue, but when nobody there can be granted it (Stream mode: every queued client is dead,
+/// its inbox stream missing) the successor takes the lock instead of leaving it free: the
+/// reply {1, 0, token, 0} (token max(f + 1, clock)), the hold in the successor's name (its
+/// lease, its waiter id as r and g), the dead waiters' lines dropped (q empty). No event is
+/// sent and no inbox created; a re-sent release reports the same hand-over.
+#[test]
+fn a_release_hands_the_lock_to_its_successor_when_the_overdue_queue_has_nobody_alive() {
+    init_tracing();
+    let server = RedisServer::start();
+    let lua = Lua::new(&server, "stream");
+    // b's and c's clients died: no inbox.
+    let t = lua.acquire(Ask::once("a", "a-take"))[1];
+    let fence = snapshot(&server, FENCE);
+    for (owner, waiter) in [("b", "wb"), ("c", "wc")] {
+        assert_eq!(
+            lua.acquire(Ask::waiting(owner, &format!("{owner}-wait"), waiter)),
+            busy(LEASE, t)
+        );
+    }
+    // The head wb has waited the limit; a's token ahead of the clock, so that the next is
+    // exactly one above it.
+    lua.set_since("wb", lua.clock().div_euclid(1000) - LIMIT);
+    let t = lua.push_ahead();
+    lua.assert_hold(
+        &HoldHash {
+            q: [
+                lua.line("wb", "b", LEASE, WAITER_LEASE),
+                lua.line("wc", "c", LEASE, WAITER_LEASE),
+            ]
+            .concat(),
+            ..held("a", t, LEASE, "a-take")
+        },
+        LEASE,
+        "wb (overdue) and wc queued",
+    );
+
+    assert_eq!(
+        lua.hand_over("a", t, "a-release", ("s", "ws")),
+        vec![1, 0, t + 1, 0]
+    );
+    let s_holds = HoldHash {
+        x: "a-release".to_owned(),
+        ..granted("s", t + 1, SUCCESSOR_LEASE, "ws")
+    };
+    lua.assert_hold(
+        &s_holds,
+        SUCCESSOR_LEASE,
+        "s took the lock: nobody alive queued",
+    );
+    assert!(
+        lua.pttl() > WAITER_LEASE,
+        "the successor's lease, not a grant's"
+    );
+    assert!(
+        server.keys(&format!("{EVENTS}:to:*")).is_empty(),
+        "an inbox was created or sent to"
+    );
+
+    // The release, re-sent: the same hand-over, nothing changed.
+    let before = lua.dump(&[]);
+    assert_eq!(
+        lua.hand_over("a", t, "a-release", ("s", "ws")),
+        vec![1, 0, t + 1, 0]
+    );
+    assert_eq!(lua.dump(&[]), before, "a re-sent release changed a key");
+    assert_eq!(lua.hash(), s_holds);
 
     assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
     lua.assert_no_stray_keys();

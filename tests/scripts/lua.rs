@@ -1,5 +1,6 @@
 //! The test harness: the composed scripts run with `EVAL`, the expected hash, the calls.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use crate::support::{composed, exists, RedisServer, Resp};
@@ -92,8 +93,10 @@ pub(crate) const LEASE: i64 = 30_000;
 pub(crate) const WAITER_LEASE: i64 = 3_000;
 /// A hand-over successor's lease (ms).
 pub(crate) const SUCCESSOR_LEASE: i64 = 20_000;
-/// At most this many hand-overs in a row.
-pub(crate) const STREAK: i64 = 2;
+/// The hand-over limit (ms) the tests pass unless they say otherwise: far longer than a test
+/// lasts, so that a hand-over passes over a queue head only when a test has set its since
+/// column back (or passes another limit).
+pub(crate) const LIMIT: i64 = 60_000;
 /// The retry window: the tombstone's ttl (ms).
 pub(crate) const WINDOW: i64 = 5_000;
 
@@ -108,14 +111,30 @@ pub(crate) fn inbox(owner: &str) -> String {
 }
 
 /// A queue line of the hold hash (`lua/lib/hold.lua`): waiter id, inbox tag, owner id, lease,
-/// grant ms.
-pub(crate) fn line(waiter: &str, owner: &str, lease: i64, grant: i64) -> String {
-    format!("{waiter} {} {owner} {lease} {grant}\n", tag(owner))
+/// grant ms, since ms (the server clock when the waiter queued). [`Lua::line`] fills in the
+/// since column the waiter's attempt wrote.
+pub(crate) fn queue_line(waiter: &str, owner: &str, lease: i64, grant: i64, since: i64) -> String {
+    format!("{waiter} {} {owner} {lease} {grant} {since}\n", tag(owner))
 }
 
-/// The grant event a release sends to a waiter's inbox: not numbered (sequence 0).
-pub(crate) fn grant(waiter: &str, token: i64, grant_ms: i64) -> String {
-    format!("0|grant|{waiter},{token},{grant_ms}|{LOCK_ID}")
+/// The since column (ms) of `waiter`'s line in `queue`, if it is queued there.
+pub(crate) fn queued_since(queue: &str, waiter: &str) -> Option<i64> {
+    queue.lines().find_map(|line| {
+        let columns: Vec<&str> = line.split(' ').collect();
+        (columns[0] == waiter).then(|| {
+            assert_eq!(columns.len(), 6, "a queue line of six columns: {line:?}");
+            columns[5]
+                .parse()
+                .unwrap_or_else(|e| panic!("the since column of {line:?}: {e}"))
+        })
+    })
+}
+
+/// The grant event a release sends to a waiter's inbox: not numbered (sequence 0); `queued`
+/// when other lines stay in the hold's queue after the grant (the flag is 1, else 0).
+pub(crate) fn grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
+    let queued = u8::from(queued);
+    format!("0|grant|{waiter},{token},{grant_ms},{queued}|{LOCK_ID}")
 }
 
 /// The event that wakes a waiter that is only woken (waiter lease -1: a Redlock round), never
@@ -190,13 +209,11 @@ pub(crate) struct HoldHash {
     pub(crate) l: String,
     pub(crate) r: String,
     pub(crate) x: String,
-    pub(crate) h: String,
     pub(crate) q: String,
     pub(crate) g: String,
 }
 
-/// A hold of `owner` (count 1, no freed-by chain, no streak, nobody queued, granted to no
-/// waiter): what a take writes, but for the fields a test sets with `..held(..)`.
+/// A hold of `owner` (count 1, no freed-by chain, nobody queued, granted to no waiter): what a take writes, but for the fields a test sets with `..held(..)`.
 pub(crate) fn held(owner: &str, token: i64, lease: i64, r: &str) -> HoldHash {
     HoldHash {
         o: owner.to_owned(),
@@ -205,7 +222,6 @@ pub(crate) fn held(owner: &str, token: i64, lease: i64, r: &str) -> HoldHash {
         l: lease.to_string(),
         r: r.to_owned(),
         x: String::new(),
-        h: "0".to_owned(),
         q: String::new(),
         g: String::new(),
     }
@@ -234,6 +250,11 @@ pub(crate) fn tombstone(token: i64, lease: i64, r: &str, x: &str) -> HoldHash {
 
 /// The hold scripts as `src/scripts.rs` composes them (check prelude, FENCE, NOTIFY, HOLD), run with
 /// `EVAL` on [`KEYS`] in one notification mode.
+///
+/// Every `hold_acquire` call goes through [`Lua::attempt_on`], which reads the server clock
+/// before and after it: a call that queues its waiter must stamp the line's since column within
+/// those two readings (in ms), and the harness keeps that stamp (per hold key and waiter id) for
+/// [`Lua::line`], so that a test compares whole queue lines.
 pub(crate) struct Lua<'a> {
     pub(crate) server: &'a RedisServer,
     pub(crate) mode: &'static str,
@@ -242,6 +263,8 @@ pub(crate) struct Lua<'a> {
     pub(crate) leave: String,
     pub(crate) force: String,
     pub(crate) heartbeat: String,
+    /// The since column each waiter's line got when it queued, by (hold key, waiter id).
+    since: RefCell<BTreeMap<(String, String), i64>>,
 }
 
 impl<'a> Lua<'a> {
@@ -255,6 +278,7 @@ impl<'a> Lua<'a> {
             leave: composed(&libraries, include_str!("../../lua/hold_leave.lua")),
             force: composed(&libraries, include_str!("../../lua/hold_force_unlock.lua")),
             heartbeat: composed(&libraries, include_str!("../../lua/hold_heartbeat.lua")),
+            since: RefCell::new(BTreeMap::new()),
         }
     }
 
@@ -271,11 +295,16 @@ impl<'a> Lua<'a> {
         self.attempt_on(HOLD, ask, fence_arg)
     }
 
-    /// `hold_acquire` on the lock whose hash is `hold` (same slot as [`HOLD`]).
+    /// `hold_acquire` on the lock whose hash is `hold` (same slot as [`HOLD`]). When the call
+    /// queues the waiter (its line was not in `q` before the call and is after it), asserts that
+    /// the line's since column is the server clock (ms) of the call: within the clock read
+    /// before it and the clock read after it; and keeps it for [`Lua::line`].
     pub(crate) fn attempt_on(&self, hold: &str, ask: Ask, fence_arg: &str) -> Resp {
         let (lease, waiter_lease) = (ask.lease.to_string(), ask.waiter_lease.to_string());
         let inbox_tag = tag(ask.owner);
-        self.eval(
+        let was_queued = queued_since(&self.queue_of(hold), ask.waiter).is_some();
+        let before = self.clock().div_euclid(1000);
+        let reply = self.eval(
             &self.acquire,
             &[hold, MARKER, FENCE],
             &[
@@ -287,7 +316,74 @@ impl<'a> Lua<'a> {
                 &inbox_tag,
                 fence_arg,
             ],
-        )
+        );
+        let after = self.clock().div_euclid(1000);
+        if ask.waiter.is_empty() || was_queued {
+            return reply;
+        }
+        if let Some(since) = queued_since(&self.queue_of(hold), ask.waiter) {
+            assert!(
+                (before..=after).contains(&since),
+                "{} queued at {since} ms, not within the server clock {before}..={after} ms \
+                 around the call",
+                ask.waiter
+            );
+            self.since
+                .borrow_mut()
+                .insert((hold.to_owned(), ask.waiter.to_owned()), since);
+        }
+        reply
+    }
+
+    /// The queue field `q` of the hash at `hold` ("" when missing, or when the key holds no
+    /// hash: the read is a plain HGET, which changes nothing).
+    pub(crate) fn queue_of(&self, hold: &str) -> String {
+        self.server
+            .cmd(&["HGET", hold, "q"])
+            .as_str_opt()
+            .unwrap_or_default()
+    }
+
+    /// The queue line of `waiter` of `owner` in [`HOLD`]'s queue (lease, grant ms), with the
+    /// since column its attempt wrote when it queued (panics if it never queued).
+    pub(crate) fn line(&self, waiter: &str, owner: &str, lease: i64, grant: i64) -> String {
+        queue_line(waiter, owner, lease, grant, self.since_of(waiter))
+    }
+
+    /// The since column (ms) `waiter`'s attempt wrote when it last queued in [`HOLD`].
+    pub(crate) fn since_of(&self, waiter: &str) -> i64 {
+        *self
+            .since
+            .borrow()
+            .get(&(HOLD.to_owned(), waiter.to_owned()))
+            .unwrap_or_else(|| panic!("{waiter} never queued"))
+    }
+
+    /// Rewrites the since column of `waiter`'s line in [`HOLD`]'s queue to `since` (ms), the
+    /// rest of the hash and its ttl kept, as if it had queued then.
+    pub(crate) fn set_since(&self, waiter: &str, since: i64) {
+        let queue = self.queue_of(HOLD);
+        assert!(
+            queued_since(&queue, waiter).is_some(),
+            "{waiter} is not queued: {queue:?}"
+        );
+        let rewritten: String = queue
+            .lines()
+            .map(|line| {
+                let mut columns: Vec<String> = line.split(' ').map(str::to_owned).collect();
+                if columns[0] == waiter {
+                    columns[5] = since.to_string();
+                }
+                columns.join(" ") + "\n"
+            })
+            .collect();
+        let ttl = self.pttl();
+        self.server.cmd(&["HSET", HOLD, "q", &rewritten]);
+        assert!(self.pttl() <= ttl, "HSET changed the hold's ttl");
+        self.since
+            .borrow_mut()
+            .insert((HOLD.to_owned(), waiter.to_owned()), since);
+        assert_eq!(queued_since(&self.queue_of(HOLD), waiter), Some(since));
     }
 
     /// `hold_acquire` that may create the fence key (as after the layout check).
@@ -295,7 +391,8 @@ impl<'a> Lua<'a> {
         ints(self.attempt(ask, &fence_arg(true)))
     }
 
-    /// `hold_release`, handing over to `to` = (owner, waiter id) if given; the raw reply.
+    /// `hold_release`, handing over to `to` = (owner, waiter id) if given (hand-over limit
+    /// [`LIMIT`]); the raw reply.
     pub(crate) fn release_raw(
         &self,
         owner: &str,
@@ -304,10 +401,24 @@ impl<'a> Lua<'a> {
         all: bool,
         to: Option<(&str, &str)>,
     ) -> Resp {
-        let (successor, waiter) = to.unwrap_or(("", ""));
+        self.release_limited(owner, token, op, all, to.map(|(o, w)| (o, w, LIMIT)))
+    }
+
+    /// `hold_release`, handing over to `to` = (owner, waiter id, hand-over limit in ms) if
+    /// given; the raw reply. With no successor, the successor's lease and the limit are 0 (as
+    /// the client passes them).
+    pub(crate) fn release_limited(
+        &self,
+        owner: &str,
+        token: i64,
+        op: &str,
+        all: bool,
+        to: Option<(&str, &str, i64)>,
+    ) -> Resp {
+        let (successor, waiter) = to.map_or(("", ""), |(o, w, _)| (o, w));
         let (token, window) = (token.to_string(), WINDOW.to_string());
-        let (lease, streak) = match to {
-            Some(_) => (SUCCESSOR_LEASE.to_string(), STREAK.to_string()),
+        let (lease, limit) = match to {
+            Some((_, _, limit)) => (SUCCESSOR_LEASE.to_string(), limit.to_string()),
             None => ("0".to_owned(), "0".to_owned()),
         };
         self.eval(
@@ -325,7 +436,7 @@ impl<'a> Lua<'a> {
                 successor,
                 waiter,
                 &lease,
-                &streak,
+                &limit,
             ],
         )
     }
@@ -335,7 +446,8 @@ impl<'a> Lua<'a> {
         ints(self.release_raw(owner, token, op, false, None))
     }
 
-    /// `hold_release` of one hold that may hand the lock to `to` = (owner, waiter id).
+    /// `hold_release` of one hold that may hand the lock to `to` = (owner, waiter id), with the
+    /// hand-over limit [`LIMIT`].
     pub(crate) fn hand_over(
         &self,
         owner: &str,
@@ -343,7 +455,21 @@ impl<'a> Lua<'a> {
         op: &str,
         to: (&str, &str),
     ) -> Vec<i64> {
-        ints(self.release_raw(owner, token, op, false, Some(to)))
+        self.hand_over_within(owner, token, op, to, LIMIT)
+    }
+
+    /// `hold_release` of one hold that may hand the lock to `to` = (owner, waiter id), with the
+    /// hand-over limit `limit` ms.
+    pub(crate) fn hand_over_within(
+        &self,
+        owner: &str,
+        token: i64,
+        op: &str,
+        to: (&str, &str),
+        limit: i64,
+    ) -> Vec<i64> {
+        let (successor, waiter) = to;
+        ints(self.release_limited(owner, token, op, false, Some((successor, waiter, limit))))
     }
 
     /// `hold_leave` of `waiter`; the raw reply.
@@ -411,7 +537,6 @@ impl<'a> Lua<'a> {
             l: take("l"),
             r: take("r"),
             x: take("x"),
-            h: take("h"),
             q: take("q"),
             g: take("g"),
         };

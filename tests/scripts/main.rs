@@ -4,10 +4,14 @@
 //! single script call and look at every key after it.
 //!
 //! The exclusive locks (`hold_*.lua`, `lua/lib/hold.lua`) keep their whole state in one hash
-//! per lock: owner `o`, count `c`, token `f`, lease `l`, last op `r`, freed-by chain `x`,
-//! hand-over streak `h`, the wait queue `q` and the waiter id `g` a release granted or handed
-//! the hold to. [`HoldHash`] reads that hash field by field, so a test states the whole state
-//! it expects after each call.
+//! per lock: owner `o`, count `c`, token `f`, lease `l`, last op `r`, freed-by chain `x`, the
+//! wait queue `q` and the waiter id `g` a release granted or handed the hold to. [`HoldHash`]
+//! reads that hash field by field, so a test states the whole state it expects after each
+//! call. Each queue line ends with the server clock (ms) when its waiter queued: the harness
+//! checks it against the clock read around the attempt that queued it and keeps it, so that a
+//! test compares whole lines ([`Lua::line`]); the hand-over limit (`hold_release.lua`'s last
+//! argument) is measured against it, and a test sets it back ([`Lua::set_since`]) rather than
+//! waiting.
 //!
 //! Tokens follow the server clock (`fl_clock_after` in `lua/lib/hold.lua`): a token drawn by a
 //! call is max(previous + 1, server clock in µs), so a test checks that it is above the

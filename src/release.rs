@@ -1,0 +1,309 @@
+//! Releases: `unlock()`, dropped guards (through the release worker) and shutdown all end
+//! here, and so do the two ways a barging [`crate::Mutex`] passes the lock to another task of
+//! its own process without letting it go in Redis.
+//!
+//! * **Hand-over to a waiting task.** A task of this client already waits for the lock: the
+//!   release claims it ([`crate::notify::WaiterTable::claim_handover`]) and its script writes
+//!   the hold in that task's name while it frees the lock, so the waiter returns from `lock()`
+//!   without a call of its own.
+//! * **Deferred release** ([`crate::Config::defer_release`]). Nobody of this client waits yet,
+//!   but the releasing task usually asks again at once (a worker loop): the hold is parked here
+//!   for a few scheduler turns instead of being released. An acquisition of this client that
+//!   finds it parked ([`take_parked`]) sends the release itself, naming itself the successor:
+//!   one script call both ends the old hold and starts its own, where a release and an acquire
+//!   would take two. A parked hold nobody takes is released by a background task right after.
+//!
+//! Both are bounded by [`crate::Config::handover_limit`] in the release script itself: once the
+//! waiter queued longest in Redis (another process's, as a rule) has waited that long, the
+//! script grants the lock to it instead (`lua/hold_release.lua`). That is eventual fairness
+//! in the manner of `parking_lot`: barging within a process for throughput, a forced hand-off
+//! to the queue to bound every wait.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dashmap::DashMap;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use crate::engine::{Driver, Released};
+use crate::error::{Backoff, NotHeldReason, Result};
+use crate::lease::Hold;
+use crate::notify::{Bid, Claim, HandedOver};
+use crate::owner::op_id;
+
+/// Scheduler turns a deferred release waits for a task of its client to take the hold over.
+const DEFER_TURNS: usize = 4;
+
+/// A hold is deferred only with at least this much of its lease left: the release that ends
+/// it must run well before Redis would drop it by itself.
+const DEFER_MIN_LEFT: Duration = Duration::from_millis(200);
+
+/// Holds whose release is deferred, by lock id (at most one per lock: the lock is exclusive).
+#[derive(Default)]
+pub(crate) struct ParkedHolds {
+    holds: DashMap<Arc<str>, Arc<Hold>>,
+}
+
+impl ParkedHolds {
+    fn park(&self, hold: &Arc<Hold>) -> bool {
+        match self.holds.entry(hold.driver.keys().id().clone()) {
+            dashmap::Entry::Vacant(entry) => {
+                entry.insert(hold.clone());
+                true
+            }
+            dashmap::Entry::Occupied(_) => false,
+        }
+    }
+
+    /// Takes the parked hold of `lock_id`, if any: the caller now owes its release.
+    pub(crate) fn take(&self, lock_id: &str) -> Option<Arc<Hold>> {
+        self.holds.remove(lock_id).map(|(_, hold)| hold)
+    }
+
+    /// Takes `hold` if it is still parked.
+    fn take_exact(&self, hold: &Arc<Hold>) -> bool {
+        self.holds
+            .remove_if(hold.driver.keys().id().as_ref(), |_, parked| {
+                Arc::ptr_eq(parked, hold)
+            })
+            .is_some()
+    }
+
+    /// Takes every parked hold (shutdown).
+    pub(crate) fn drain(&self) -> Vec<Arc<Hold>> {
+        let ids: Vec<Arc<str>> = self.holds.iter().map(|e| e.key().clone()).collect();
+        ids.iter().filter_map(|id| self.take(id)).collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// Whether a release of `lock_id` is deferred right now.
+    pub(crate) fn contains(&self, lock_id: &str) -> bool {
+        self.holds.contains_key(lock_id)
+    }
+}
+
+/// A release handed over by a guard's `Drop`.
+pub(crate) struct ReleaseJob {
+    pub(crate) hold: Arc<Hold>,
+}
+
+/// The release worker: runs the releases of dropped guards concurrently, drains its queue on
+/// shutdown, and exits when the last sender is gone.
+pub(crate) async fn run_release_worker(
+    mut jobs: mpsc::UnboundedReceiver<ReleaseJob>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            job = jobs.recv() => match job {
+                Some(job) => { running.spawn(release_dropped(job)); }
+                None => break,
+            },
+            Some(_) = running.join_next(), if !running.is_empty() => {}
+            _ = shutdown.changed() => {
+                while let Ok(job) = jobs.try_recv() {
+                    running.spawn(release_dropped(job));
+                }
+                break;
+            }
+        }
+    }
+    while running.join_next().await.is_some() {}
+}
+
+/// Releases one level of `hold` (for `unlock()` and dropped guards), or defers the release
+/// when that level is the hold's last (see the module docs): then it returns at once, as
+/// released.
+pub(crate) async fn release_hold(hold: &Arc<Hold>) -> Result<Released> {
+    if defer(hold) {
+        return Ok(Released::Yes {
+            remaining: 0,
+            handed_over: None,
+            queued: false,
+        });
+    }
+    release_now(hold).await
+}
+
+/// Parks `hold` instead of releasing it, if it may be: a barging mutex's last level, its lease
+/// intact with time to spare, no task of this client waiting for the lock already (that one
+/// is handed the lock at once), the client open and inside a runtime. A background task
+/// releases it a few scheduler turns later unless an acquisition took it over meanwhile.
+fn defer(hold: &Arc<Hold>) -> bool {
+    let driver = &hold.driver;
+    let client = driver.client();
+    let deferrable = client.config().defer_release
+        && driver.hands_over()
+        && hold.contended
+        && hold.guards() == 0
+        && hold.lost_cause().is_none()
+        && hold.deadline() > Instant::now() + DEFER_MIN_LEFT
+        && client.check_open().is_ok()
+        && !client
+            .waiters()
+            .has_handover_candidate(driver.keys().id(), hold.owner.id());
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    if !deferrable || !client.core().parked.park(hold) {
+        return false;
+    }
+    tracing::trace!(
+        lock = driver.keys().name(),
+        token = hold.token,
+        "release deferred"
+    );
+    let hold = hold.clone();
+    runtime.spawn(async move {
+        for _ in 0..DEFER_TURNS {
+            tokio::task::yield_now().await;
+        }
+        if hold.driver.client().core().parked.take_exact(&hold) {
+            release_parked(&hold).await;
+        }
+    });
+    true
+}
+
+/// Sends the release of a parked hold nobody took over.
+pub(crate) async fn release_parked(hold: &Arc<Hold>) {
+    let lock = hold.driver.keys().name();
+    match release_now(hold).await {
+        Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released (deferred)"),
+        Err(error) => {
+            tracing::warn!(lock, %error, "deferred release failed; the lease will expire")
+        }
+    }
+}
+
+/// Takes over the parked hold of `driver`'s lock for `owner`, if this client has one: one
+/// release call that names the acquisition (`waiter`, `bid`) its successor. The hold is handed
+/// over (its token) unless the queue's turn came (the release then
+/// freed the lock or granted it to the waiter queued longest) or the parked hold was gone.
+/// Transient failures are retried with the same op id, like any release.
+pub(crate) async fn take_parked(
+    driver: &Arc<dyn Driver>,
+    waiter: &str,
+    bid: &Bid,
+) -> Option<Result<(u64, bool)>> {
+    let parked = driver.client().core().parked.take(driver.keys().id())?;
+    let outcome = release_with_retries(&parked, Some((waiter, bid))).await;
+    match outcome {
+        Ok(Released::Yes {
+            handed_over: Some(token),
+            queued,
+            ..
+        }) => {
+            let core = driver.client().core();
+            core.taken_over.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(token, "took over a deferred release");
+            Some(Ok((token, queued)))
+        }
+        Ok(_) => None,
+        Err(error) => Some(Err(error)),
+    }
+}
+
+/// Releases one level of `hold` now. A barging mutex's release may hand the lock straight to a
+/// waiting task of this client: the first local waiter that can take it is claimed before the
+/// call, told the new token if the script handed it the lock, and released again here if it
+/// went away meanwhile.
+pub(crate) async fn release_now(hold: &Hold) -> Result<Released> {
+    let driver = &hold.driver;
+    let mut claim = if driver.hands_over() {
+        let waiters = driver.client().waiters();
+        waiters.claim_handover(driver.keys().id(), hold.owner.id())
+    } else {
+        None
+    };
+    let sent_at = Instant::now();
+    let successor = claim.as_ref().map(Claim::bid);
+    let outcome = release_with_retries(hold, successor).await;
+    if let Some(claim) = claim.take() {
+        settle_claim(driver, claim, &outcome, sent_at).await;
+    }
+    outcome
+}
+
+/// One release call for `hold`, naming `successor` (if any). A transient failure (timeout,
+/// broken connection, failover) is retried with the same op id, so a release that did run is
+/// answered, not applied twice, until the hold's lease would have ended anyway; a hold whose
+/// lease is over by then is reported as expired.
+async fn release_with_retries(hold: &Hold, successor: Option<(&str, &Bid)>) -> Result<Released> {
+    let op = op_id();
+    let mut backoff = Backoff::default();
+    let driver = &hold.driver;
+    loop {
+        let outcome = driver
+            .release_to(&hold.owner, hold.token, &op, successor)
+            .await;
+        match outcome {
+            Err(error) if error.is_retryable() => {
+                if Instant::now() + backoff.peek() >= hold.deadline() {
+                    // The lease is over: Redis drops the hold by itself (at the latest when its
+                    // TTL, which this client no longer extends, runs out).
+                    tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed past the lease; the hold expires");
+                    return Ok(Released::NotHeld(NotHeldReason::Expired));
+                }
+                tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed; retrying");
+                tokio::time::sleep(backoff.next_pause()).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Tells a claimed waiter how the release went: handed the lock (or, if it went away
+/// meanwhile, the hold is released again here), not handed it, or unknown (an error: the
+/// waiter re-checks, and its attempt is answered if it did get the lock). A release that fred
+/// re-sent after a broken connection still reports the hand-over it made (`hold_release.lua`).
+async fn settle_claim(
+    driver: &Arc<dyn Driver>,
+    claim: Claim,
+    outcome: &Result<Released>,
+    sent_at: Instant,
+) {
+    match outcome {
+        Ok(Released::Yes {
+            handed_over: Some(token),
+            ..
+        }) => {
+            let owner = claim.bid().1.owner.clone();
+            let token = *token;
+            if claim.deliver(HandedOver { token, at: sent_at }) {
+                // Let the new holder run before the releasing task goes on (typically with a
+                // command of its own, whose send would take the worker's next slot first).
+                tokio::task::yield_now().await;
+            } else {
+                let undone = driver.release(&owner, token, &op_id(), false).await;
+                tracing::debug!(
+                    lock = driver.keys().name(),
+                    ?undone,
+                    "released a hand-over to a waiter that went away"
+                );
+            }
+        }
+        // Not handed over: the waiter asks Redis at once (it may be waiting on this process's
+        // hold alone, without a place in the Redis queue). A release that left holds of the
+        // owner changed nothing.
+        Ok(Released::Yes { remaining: 0, .. }) | Ok(Released::NotHeld(_)) | Err(_) => {
+            claim.cancel(true)
+        }
+        Ok(_) => claim.cancel(false),
+    }
+}
+
+async fn release_dropped(job: ReleaseJob) {
+    let hold = job.hold;
+    let lock = hold.driver.keys().name();
+    match release_hold(&hold).await {
+        Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
+        Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),
+    }
+}
