@@ -340,7 +340,12 @@ async fn acquire_loop(
         driver.client().check_open()?;
         tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
         woken = registration.wait(limit).await;
-        if let Some(HandedOver { token, at }) = registration.handed() {
+        if let Some(HandedOver {
+            token,
+            at,
+            queued: contended,
+        }) = registration.handed()
+        {
             registration.taken();
             tracing::trace!(token, "handed over by a release of this process");
             let core = driver.client().core();
@@ -351,7 +356,7 @@ async fn acquire_loop(
                 token,
                 lease,
                 (at, lease.initial()),
-                Source::OwnConnection { contended: true },
+                Source::OwnConnection { contended },
                 &mut queued,
             );
             return guard.await.map(Some);

@@ -272,11 +272,17 @@ async fn settle_claim(
     match outcome {
         Ok(Released::Yes {
             handed_over: Some(token),
+            queued,
             ..
         }) => {
             let owner = claim.bid().1.owner.clone();
             let token = *token;
-            if claim.deliver(HandedOver { token, at: sent_at }) {
+            let handed = HandedOver {
+                token,
+                at: sent_at,
+                queued: *queued,
+            };
+            if claim.deliver(handed) {
                 // Let the new holder run before the releasing task goes on (typically with a
                 // command of its own, whose send would take the worker's next slot first).
                 tokio::task::yield_now().await;

@@ -47,6 +47,8 @@ pub(crate) struct HandedOver {
     pub(crate) token: u64,
     /// When the release that handed it over was sent: the hold began after that.
     pub(crate) at: tokio::time::Instant,
+    /// Waiters stayed queued in Redis behind the hand-over.
+    pub(crate) queued: bool,
 }
 
 /// Hand-over states of a waiter (see [`WaiterTable::claim_handover`]), stored as a `u8` in
@@ -251,6 +253,7 @@ mod tests {
 
     fn handed() -> HandedOver {
         HandedOver {
+            queued: false,
             token: 7,
             at: tokio::time::Instant::now(),
         }

@@ -1,0 +1,619 @@
+//! The barging `Mutex`'s shortcuts within one process, against a real redis-server in both
+//! notification modes (`src/release.rs`, `docs/design.md` §4.3): the deferred release of a
+//! contended hold and its take-over by the next `lock()` of the same client, the immediate
+//! release of an uncontended hold, the bound `Config::handover_limit` puts on both, local
+//! waiting for a hold of the same client, shutdown and cancellation.
+//!
+//! Most tests run on a current-thread runtime: a deferred release waits a few scheduler turns
+//! for a take-over, and on one thread nothing else runs between an `unlock()` that returns
+//! without a round trip and the `lock()` right after it, so whether the take-over happens does
+//! not depend on how the OS schedules the test's threads. Nothing asserts how long anything
+//! took: bounded waits only turn hangs into failures.
+
+mod support;
+
+use std::time::Duration;
+
+use fredlock::{Config, LockClient, MutexGuard, NotificationMode, Owner, Result};
+use support::{bounded, connect, eventually, eventually_async, shutdown, RedisServer, MODES};
+use support::{find_hold, hold_owner, init_tracing, queued_waiters};
+use tokio::task::JoinHandle;
+
+/// The lock every test works on.
+const NAME: &str = "jobs";
+
+fn prefix(test: &str, mode: NotificationMode) -> String {
+    format!("{test}-{}", mode.as_str())
+}
+
+/// The default configuration but for `waiter_lease`: a grant is taken up without a call of
+/// the waiter's own only while at least half of its grant time, min(lease, waiter_lease), is
+/// left since the waiter's last attempt. A longer grant time keeps a loaded machine from
+/// turning a grant into a hold its waiter re-checks for itself (which is not counted in
+/// `ClientStats::granted`, and not contended).
+fn config(server: &RedisServer, test: &str, mode: NotificationMode) -> Config {
+    let mut config = support::config(server, &prefix(test, mode), mode);
+    config.waiter_lease = Duration::from_secs(20);
+    config
+}
+
+/// A task's result; panics if the task panicked or hangs.
+async fn joined<T>(what: &str, task: JoinHandle<T>) -> T {
+    bounded(what, task)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: the task failed: {e}"))
+}
+
+/// Polls `fut` once: it must still be pending (it waits for Redis, or for the lock).
+async fn poll_once<F: std::future::Future + Unpin>(what: &str, fut: &mut F)
+where
+    F::Output: std::fmt::Debug,
+{
+    tokio::select! {
+        biased;
+        out = fut => panic!("{what}: finished at its first poll: {out:?}"),
+        _ = std::future::ready(()) => {}
+    }
+}
+
+/// Starts `lock()` of `mutex` in a task and waits until its waiter is queued in Redis
+/// (`queued` lines in the lock's queue then).
+async fn queue_lock(
+    server: &RedisServer,
+    hold_key: &str,
+    mutex: fredlock::Mutex,
+    queued: usize,
+) -> JoinHandle<Result<MutexGuard>> {
+    let task = tokio::spawn(async move { mutex.lock().await });
+    eventually_async("the waiter is queued in Redis", || async {
+        queued_waiters(server, hold_key).len() == queued
+    })
+    .await;
+    task
+}
+
+/// Client A holds the lock by a grant with client B's waiter still queued behind it: a
+/// contended hold, whose release a barging mutex defers.
+struct Contended {
+    a: LockClient,
+    b: LockClient,
+    a_owner: Owner,
+    b_owner: Owner,
+    hold_key: String,
+    /// A's hold, granted by C's release.
+    a_guard: MutexGuard,
+    /// B's `lock()`, queued in Redis behind A's hold.
+    b_task: JoinHandle<Result<MutexGuard>>,
+}
+
+impl Contended {
+    /// Client C takes the lock; A's waiter queues, then B's; C unlocks, which grants the lock
+    /// to A (the queue's head) with B still queued. `a_config` adjusts A's configuration.
+    async fn set_up(
+        server: &RedisServer,
+        test: &str,
+        mode: NotificationMode,
+        a_config: impl FnOnce(&mut Config),
+    ) -> Contended {
+        let mut config_a = config(server, test, mode);
+        a_config(&mut config_a);
+        let a = connect(config_a).await;
+        let b = connect(config(server, test, mode)).await;
+        let c = connect(config(server, test, mode)).await;
+        let (a_owner, b_owner) = (Owner::new(), Owner::new());
+
+        let c_guard = bounded("C locks", c.mutex(NAME).unwrap().lock())
+            .await
+            .unwrap();
+        let hold_key = find_hold(server, &prefix(test, mode), "mutex", NAME).expect("the hold");
+        let a_mutex = a.mutex(NAME).unwrap().with_owner(&a_owner);
+        let a_task = queue_lock(server, &hold_key, a_mutex, 1).await;
+        let b_mutex = b.mutex(NAME).unwrap().with_owner(&b_owner);
+        let b_task = queue_lock(server, &hold_key, b_mutex, 2).await;
+
+        let c_token = c_guard.fencing_token();
+        c_guard.unlock().await.unwrap();
+        let a_guard = joined("A is granted the lock", a_task).await.unwrap();
+        assert!(a_guard.fencing_token() > c_token, "{mode:?}");
+        assert_eq!(a.stats().granted, 1, "{mode:?}: A's hold came by C's grant");
+        assert_eq!(
+            hold_owner(server, &hold_key).as_deref(),
+            Some(a_owner.id()),
+            "{mode:?}"
+        );
+        assert_eq!(
+            queued_waiters(server, &hold_key).len(),
+            1,
+            "{mode:?}: B waits"
+        );
+        assert!(!b_task.is_finished(), "{mode:?}");
+        shutdown(&c).await;
+        Contended {
+            a,
+            b,
+            a_owner,
+            b_owner,
+            hold_key,
+            a_guard,
+            b_task,
+        }
+    }
+
+    fn a_mutex(&self) -> fredlock::Mutex {
+        self.a.mutex(NAME).unwrap().with_owner(&self.a_owner)
+    }
+}
+
+/// A's config for the take-over tests: a bound that B's wait cannot reach, whatever the load.
+fn patient(config: &mut Config) {
+    config.handover_limit = Duration::from_secs(10);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_contended_release_is_taken_over_by_the_next_lock_of_its_client() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let scene = Contended::set_up(&server, "takeover", mode, patient).await;
+        let mutex = scene.a_mutex();
+        let Contended {
+            a,
+            b,
+            a_owner,
+            b_owner,
+            hold_key,
+            a_guard,
+            b_task,
+        } = scene;
+        let first = a_guard.fencing_token();
+
+        // The release is parked: unlock() returns without a round trip, and A still holds the
+        // lock in Redis.
+        a_guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(a_owner.id()),
+            "{mode:?}"
+        );
+
+        // The next lock() of the same client takes it over: one release call naming it the
+        // successor, no acquire attempt.
+        let before = a.stats();
+        let second = bounded("take-over", mutex.lock()).await.unwrap();
+        let after = a.stats();
+        assert_eq!(after.taken_over, before.taken_over + 1, "{mode:?}");
+        assert_eq!(after.attempts, before.attempts, "{mode:?}");
+        assert_eq!(after.deferred_releases, 0, "{mode:?}");
+        assert_eq!(after.held, 1, "{mode:?}");
+        let second_token = second.fencing_token();
+        assert!(second_token > first, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(a_owner.id()),
+            "{mode:?}"
+        );
+        assert_eq!(queued_waiters(&server, &hold_key).len(), 1, "{mode:?}");
+        assert!(!b_task.is_finished(), "{mode:?}: B still waits");
+        assert_eq!(b.stats().waiting, 1, "{mode:?}");
+
+        // The taken-over hold is contended too (B stays queued behind it): its release is
+        // parked, nobody takes it, and the background release grants the lock to B.
+        second.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
+        assert!(b_guard.fencing_token() > second_token, "{mode:?}");
+        assert_eq!(b.stats().granted, 1, "{mode:?}");
+        let stats = a.stats();
+        assert_eq!(stats.deferred_releases, 0, "{mode:?}");
+        assert_eq!(stats.taken_over, before.taken_over + 1, "{mode:?}");
+        assert_eq!(stats.held, 0, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}"
+        );
+
+        b_guard.unlock().await.unwrap();
+        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_release_nobody_takes_goes_to_the_queue() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        // The default handover_limit: the background release names no successor anyway.
+        let Contended {
+            a,
+            b,
+            b_owner,
+            hold_key,
+            a_guard,
+            b_task,
+            ..
+        } = Contended::set_up(&server, "untaken", mode, |_| {}).await;
+        let first = a_guard.fencing_token();
+        a_guard.unlock().await.unwrap();
+
+        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
+        assert!(b_guard.fencing_token() > first, "{mode:?}");
+        assert_eq!(b.stats().granted, 1, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}"
+        );
+        eventually("A's deferred release is done", || {
+            a.stats().deferred_releases == 0
+        })
+        .await;
+        let stats = a.stats();
+        assert_eq!((stats.taken_over, stats.held), (0, 0), "{mode:?}");
+
+        b_guard.unlock().await.unwrap();
+        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_unlock_is_done_when_it_returns() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let a = connect(config(&server, "uncontended", mode)).await;
+        let b = connect(config(&server, "uncontended", mode)).await;
+        let (a_owner, b_owner) = (Owner::new(), Owner::new());
+        let a_mutex = a.mutex(NAME).unwrap().with_owner(&a_owner);
+        let b_mutex = b.mutex(NAME).unwrap().with_owner(&b_owner);
+
+        // Nobody waited for this hold: it is released in Redis before unlock() returns.
+        let guard = bounded("A locks", a_mutex.lock()).await.unwrap();
+        let first = guard.fencing_token();
+        guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}");
+        let b_guard = b_mutex
+            .try_lock()
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{mode:?}: the lock is free once unlock() returned"));
+        assert!(b_guard.fencing_token() > first, "{mode:?}");
+        assert!(a_mutex.is_locked().await.unwrap(), "{mode:?}: B holds it");
+        let hold_key =
+            find_hold(&server, &prefix("uncontended", mode), "mutex", NAME).expect("the hold");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}"
+        );
+        let b_token = b_guard.fencing_token();
+        b_guard.unlock().await.unwrap();
+        assert!(!a_mutex.is_locked().await.unwrap(), "{mode:?}");
+
+        // A hold its owner took itself is uncontended even when a waiter queued behind it
+        // since: its release is not deferred either, and grants the lock to that waiter before
+        // unlock() returns.
+        let guard = bounded("A locks", a_mutex.lock()).await.unwrap();
+        assert!(guard.fencing_token() > b_token, "{mode:?}");
+        let waiter = queue_lock(&server, &hold_key, b_mutex.clone(), 1).await;
+        let token = guard.fencing_token();
+        guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}: granted by the release itself"
+        );
+        let b_guard = joined("B is granted the lock", waiter).await.unwrap();
+        assert!(b_guard.fencing_token() > token, "{mode:?}");
+        b_guard.unlock().await.unwrap();
+        assert!(!a_mutex.is_locked().await.unwrap(), "{mode:?}");
+        assert_eq!(a.stats().taken_over, 0, "{mode:?}");
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_past_the_limit_is_served_before_a_take_over() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let scene = Contended::set_up(&server, "limit", mode, |config| {
+            config.handover_limit = Duration::from_millis(1);
+        })
+        .await;
+        let mutex = scene.a_mutex();
+        let Contended {
+            a,
+            b,
+            a_owner,
+            b_owner,
+            hold_key,
+            a_guard,
+            mut b_task,
+        } = scene;
+        // Not a measurement: time only moves forward, so B (queued before A's hold began) has
+        // waited past A's 1 ms bound after this.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let first = a_guard.fencing_token();
+        a_guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+
+        // A's lock() takes the parked hold and sends its release naming itself the successor;
+        // the script passes it over for B, the queue's head, which waited past the bound.
+        let before = a.stats();
+        let mut relock = Box::pin(mutex.lock());
+        poll_once("A's lock()", &mut relock).await;
+        assert_eq!(
+            a.stats().deferred_releases,
+            0,
+            "{mode:?}: the take-over ran"
+        );
+        let b_guard = bounded("B is served", async {
+            tokio::select! {
+                b = &mut b_task => b.expect("B's task").expect("B's lock()"),
+                a = &mut relock => panic!("{mode:?}: A's lock() returned before B, which \
+                    waited past the bound: {a:?}"),
+            }
+        })
+        .await;
+        assert!(b_guard.fencing_token() > first, "{mode:?}");
+        assert_eq!(b.stats().granted, 1, "{mode:?}");
+        assert_eq!(a.stats().taken_over, before.taken_over, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}"
+        );
+
+        // A asks Redis like any other acquisition, and gets the lock after B.
+        let b_token = b_guard.fencing_token();
+        b_guard.unlock().await.unwrap();
+        let second = bounded("A's lock()", relock).await.unwrap();
+        assert!(second.fencing_token() > b_token, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(a_owner.id()),
+            "{mode:?}"
+        );
+        let after = a.stats();
+        assert_eq!(after.taken_over, before.taken_over, "{mode:?}");
+        assert!(after.attempts > before.attempts, "{mode:?}");
+        second.unlock().await.unwrap();
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn shutdown_releases_a_deferred_hold() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let Contended {
+            a,
+            b,
+            b_owner,
+            hold_key,
+            a_guard,
+            b_task,
+            ..
+        } = Contended::set_up(&server, "shutdown", mode, patient).await;
+        let first = a_guard.fencing_token();
+        a_guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+        // On one thread the background release cannot run before shutdown takes the hold.
+        shutdown(&a).await;
+        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}");
+
+        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
+        assert!(b_guard.fencing_token() > first, "{mode:?}");
+        assert_eq!(b.stats().granted, 1, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}"
+        );
+        assert_eq!(a.stats().taken_over, 0, "{mode:?}");
+        b_guard.unlock().await.unwrap();
+        shutdown(&b).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cancelled_take_over_leaves_nothing_behind() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let scene = Contended::set_up(&server, "cancel", mode, patient).await;
+        let mutex = scene.a_mutex();
+        let Contended {
+            a,
+            b,
+            a_owner,
+            b_owner,
+            hold_key,
+            a_guard,
+            b_task,
+        } = scene;
+        let first = a_guard.fencing_token();
+        a_guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+
+        // The first poll takes the parked hold over (its release call, naming this acquisition
+        // the successor, is on its way); then the acquisition goes away.
+        let before = a.stats();
+        let mut relock = Box::pin(mutex.lock());
+        poll_once("A's lock()", &mut relock).await;
+        assert_eq!(
+            a.stats().deferred_releases,
+            0,
+            "{mode:?}: the take-over ran"
+        );
+        drop(relock);
+        eventually("the cancelled take-over is finished", || {
+            a.stats().orphaned_attempts == 0
+        })
+        .await;
+
+        // Whatever the take-over was handed is released again: B is granted the lock.
+        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
+        assert!(b_guard.fencing_token() > first, "{mode:?}");
+        assert_eq!(b.stats().granted, 1, "{mode:?}");
+        let owner = hold_owner(&server, &hold_key);
+        assert_eq!(owner.as_deref(), Some(b_owner.id()), "{mode:?}");
+        assert_ne!(owner.as_deref(), Some(a_owner.id()), "{mode:?}");
+        let stats = a.stats();
+        assert_eq!(stats.held, 0, "{mode:?}");
+        assert_eq!(stats.waiting, 0, "{mode:?}");
+        assert_eq!(stats.queued_in_redis, 0, "{mode:?}");
+        assert_eq!(stats.deferred_releases, 0, "{mode:?}");
+        assert_eq!(stats.attempts, before.attempts, "{mode:?}");
+
+        b_guard.unlock().await.unwrap();
+        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
+        assert!(queued_waiters(&server, &hold_key).is_empty(), "{mode:?}");
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_second_task_of_the_holding_client_waits_without_asking_redis() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let a = connect(config(&server, "local", mode)).await;
+        let (first_owner, second_owner) = (Owner::new(), Owner::new());
+        let holder = bounded(
+            "task 1 locks",
+            a.mutex(NAME).unwrap().with_owner(&first_owner).lock(),
+        )
+        .await
+        .unwrap();
+        let hold_key = find_hold(&server, &prefix("local", mode), "mutex", NAME).expect("the hold");
+
+        let before = a.stats();
+        let second = a.mutex(NAME).unwrap().with_owner(&second_owner);
+        let waiter = tokio::spawn(async move { second.lock().await });
+        eventually("task 2 waits", || a.stats().waiting == 1).await;
+        let stats = a.stats();
+        assert_eq!(
+            stats.attempts, before.attempts,
+            "{mode:?}: no call of its own"
+        );
+        assert_eq!(stats.queued_in_redis, 0, "{mode:?}");
+        assert!(queued_waiters(&server, &hold_key).is_empty(), "{mode:?}");
+        assert!(!waiter.is_finished(), "{mode:?}");
+
+        // Task 1's release hands the lock to task 2 in its own script call.
+        let first = holder.fencing_token();
+        holder.unlock().await.unwrap();
+        let guard = joined("task 2 is handed the lock", waiter).await.unwrap();
+        assert!(guard.fencing_token() > first, "{mode:?}");
+        let after = a.stats();
+        assert_eq!(after.handed_over, before.handed_over + 1, "{mode:?}");
+        assert_eq!(after.attempts, before.attempts, "{mode:?}");
+        assert_eq!(after.taken_over, before.taken_over, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(second_owner.id()),
+            "{mode:?}"
+        );
+        // Nobody is queued behind the handed-over hold (nor waits in this client): it is
+        // uncontended, and released in Redis before unlock() returns.
+        assert!(queued_waiters(&server, &hold_key).is_empty(), "{mode:?}");
+        guard.unlock().await.unwrap();
+        assert_eq!(
+            a.stats().deferred_releases,
+            0,
+            "{mode:?}: the release of an uncontended hand-over was deferred"
+        );
+        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
+        shutdown(&a).await;
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn handover_limit_zero_turns_the_shortcuts_off() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let scene = Contended::set_up(&server, "nolimit", mode, |config| {
+            config.handover_limit = Duration::ZERO;
+        })
+        .await;
+        let mutex = scene.a_mutex();
+        let Contended {
+            a,
+            b,
+            a_owner,
+            b_owner,
+            hold_key,
+            a_guard,
+            mut b_task,
+        } = scene;
+
+        // No deferral: the contended release grants the lock to B before unlock() returns.
+        let first = a_guard.fencing_token();
+        a_guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}"
+        );
+        let before = a.stats();
+        let mut relock = Box::pin(mutex.lock());
+        let b_guard = bounded("B is served", async {
+            tokio::select! {
+                b = &mut b_task => b.expect("B's task").expect("B's lock()"),
+                a = &mut relock => panic!("{mode:?}: A's lock() returned while B held: {a:?}"),
+            }
+        })
+        .await;
+        assert!(b_guard.fencing_token() > first, "{mode:?}");
+        let b_token = b_guard.fencing_token();
+        b_guard.unlock().await.unwrap();
+        let second = bounded("A's lock()", relock).await.unwrap();
+        assert!(second.fencing_token() > b_token, "{mode:?}");
+        let after = a.stats();
+        assert_eq!(after.taken_over, 0, "{mode:?}");
+        assert!(after.attempts > before.attempts, "{mode:?}");
+        second.unlock().await.unwrap();
+
+        // No local waiting: a second task of the holding client asks Redis and queues there,
+        // and the release grants it the lock through the client's inbox, no hand-over.
+        let holder = bounded("task 1 locks", mutex.lock()).await.unwrap();
+        let before = a.stats();
+        let other = a.mutex(NAME).unwrap().with_owner(&Owner::new());
+        let waiter = queue_lock(&server, &hold_key, other, 1).await;
+        assert!(a.stats().attempts > before.attempts, "{mode:?}");
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(a_owner.id()),
+            "{mode:?}"
+        );
+        let token = holder.fencing_token();
+        holder.unlock().await.unwrap();
+        let guard = joined("task 2 is granted the lock", waiter).await.unwrap();
+        assert!(guard.fencing_token() > token, "{mode:?}");
+        let after = a.stats();
+        assert_eq!(after.handed_over, 0, "{mode:?}");
+        assert_eq!(after.granted, before.granted + 1, "{mode:?}");
+        assert_eq!(
+            (after.taken_over, after.deferred_releases),
+            (0, 0),
+            "{mode:?}"
+        );
+        guard.unlock().await.unwrap();
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
