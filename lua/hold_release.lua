@@ -23,11 +23,19 @@
 -- ARGV[11] successor-lease   its lease in ms
 -- ARGV[12] limit   the successor is passed over for the first waiter of the queue once that
 --                  waiter has waited this many ms (bounds every wait behind a barging mutex)
+-- ARGV[13] inbox   the successor's client's inbox tag (used with ARGV[14])
+-- ARGV[14] successor-queues  "" for a successor that waits already (a local waiter); for a
+--                  successor that asks by this very call (a task taking over its client's
+--                  deferred release), its grant ms: when the queue's turn comes, it joins the
+--                  queue behind the waiter granted the lock, as a busy hold_acquire would
 --
 -- Returns {1, holds left} when released (0: freed, or granted to the first waiter),
 --         {1, 0, token, queued} when the lock was handed to the successor with this fencing
 --           token (also when this call is a retry of a release that did so); queued is 1 when
 --           waiters stay queued behind it, else 0,
+--         {2, bound ms, token} when the lock went to the queue and the successor (ARGV[14]
+--           set) joined the queue: the granted holder's bound and token, as in
+--           hold_acquire's busy reply,
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it,
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
@@ -36,6 +44,7 @@ local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumb
 local mode, lock_id = ARGV[6], ARGV[8]
 local successor, successor_waiter, successor_lease = ARGV[9], ARGV[10], tonumber(ARGV[11])
 local limit = tonumber(ARGV[12])
+local successor_inbox, successor_queues = ARGV[13] or '', ARGV[14] or ''
 
 local fields = fl_hold_read(hold)
 local current, count = fields[1], tonumber(fields[2])
@@ -73,19 +82,30 @@ local function hand_over(q, now)
   return {1, 0, tonumber(next_token), fl_queued_flag(queue or fields[7])}
 end
 
+local now
 if successor ~= '' then
-  local now = fl_now_us()
+  now = fl_now_us()
   if not fl_queue_overdue(fields[7], now, limit, successor_waiter) then
     return hand_over(nil, now)
   end
 end
-if fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id) then
+-- A successor asking by this call (a take-over) queues behind the waiter granted the lock.
+local joins = successor ~= '' and successor_queues ~= '' and
+  not fl_queue_find(fields[7], successor_waiter)
+local tail = joins and fl_queue_line(successor_waiter, successor_inbox, successor,
+  successor_lease, math.max(math.min(successor_lease, tonumber(successor_queues)), 0), now)
+local granted, _, granted_token, granted_ms =
+  fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id, now, tail)
+if granted then
+  if successor ~= '' and successor_queues ~= '' then
+    return {2, granted_ms, tonumber(granted_token)}
+  end
   return {1, 0}
 end
 if successor ~= '' then
   -- The queue had nobody left to grant (dead clients, waiters only woken): the successor
   -- takes the lock rather than leave it free.
-  return hand_over('', fl_now_us())
+  return hand_over('', now)
 end
 fl_free(hold, op, freed_by, window)
 return {1, 0}

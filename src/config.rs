@@ -148,7 +148,7 @@ impl Default for Config {
             replica_acks: 0,
             replica_ack_timeout: Duration::from_secs(1),
             transient_retry: Duration::from_secs(30),
-            handover_limit: Duration::from_millis(50),
+            handover_limit: Duration::from_millis(30),
             defer_release: true,
         }
     }

@@ -57,16 +57,28 @@ pub(crate) enum Attempt {
 /// The answer of one release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Released {
-    /// Released; `remaining` holds of the owner are left (0: the hold is gone). `handed_over`:
-    /// the release handed the lock to a task of this process, under this fencing token;
-    /// `queued`: waiters stayed queued in Redis behind that hand-over.
+    /// Released; `remaining` holds of the owner are left (0: the hold is gone); `successor`:
+    /// what became of the successor the release named (barging mutex).
     Yes {
         remaining: u64,
-        handed_over: Option<u64>,
-        queued: bool,
+        successor: Successor,
     },
     /// The hold was not there.
     NotHeld(NotHeldReason),
+}
+
+/// What a release did for the successor it named (a task of the releasing process, see
+/// `crate::release`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Successor {
+    /// Nothing: no successor, the lock is still held (re-entry), or it went to the queue.
+    Passed,
+    /// The successor holds the lock now, with this fencing token; `queued`: waiters stay
+    /// queued in Redis behind it.
+    HandedOver { token: u64, queued: bool },
+    /// The lock went to the queue, and the successor (a take-over) joined the queue behind
+    /// the waiter granted it: like a busy attempt, the new holder's bound and token.
+    Queued { ttl: Duration, token: u64 },
 }
 
 /// What one lock type contributes to the engine, the watchdog and the release worker.
@@ -158,6 +170,34 @@ pub(crate) enum Patience {
     Forever,
 }
 
+impl Patience {
+    /// How long to wait for at most `bound`: None when the deadline has passed.
+    fn wait_limit(self, bound: Duration) -> Option<Duration> {
+        match self {
+            Patience::None => Some(Duration::ZERO),
+            Patience::Forever => Some(bound),
+            Patience::Until(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                (!left.is_zero()).then(|| bound.min(left))
+            }
+        }
+    }
+}
+
+/// A barging mutex held by this client for another owner: its release will hand the lock to
+/// this waiter, or wake it to ask Redis (the queue's turn), so the waiter waits without a call
+/// of its own first, at most until that hold's lease deadline.
+fn wait_first(driver: &Arc<dyn Driver>, owner: &Owner, patience: Patience) -> Option<Duration> {
+    if !driver.hands_over() {
+        return None;
+    }
+    let holder_deadline = driver
+        .client()
+        .holds()
+        .held_by_other(driver.as_ref(), owner)?;
+    patience.wait_limit(holder_deadline.saturating_duration_since(Instant::now()))
+}
+
 /// Acquires through `driver`: `Ok(None)` when the patience ran out.
 ///
 /// Not an `async fn`: the returned future is the loop itself, without a wrapper that would
@@ -212,22 +252,11 @@ async fn acquire_loop(
     driver.client().check_open()?;
     let waiting = patience != Patience::None;
     let waiter = driver.waiter_id();
-    if driver.client().core().parked.contains(driver.keys().id()) {
-        // A release of this client is deferred for a task that asks right after it: this one.
-        let sent_at = Instant::now();
-        if let Some((token, contended)) = Box::pin(take_over(&driver, &owner, &waiter, lease)).await
-        {
-            let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
-            let timing = (sent_at, lease.initial());
-            let source = Source::OwnConnection { contended };
-            let guard = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-            return guard.await.map(Some);
-        }
-    }
     let registration = waiting.then(|| {
         let bid = driver.hands_over().then(|| Bid {
             owner: owner.clone(),
             lease: lease.initial(),
+            joins_queue: false,
         });
         driver.client().waiters().register(
             driver.keys().id(),
@@ -248,24 +277,44 @@ async fn acquire_loop(
     // When the last busy attempt was sent, and the holder's token it saw: dates a grant.
     let mut last_busy: Option<(Instant, u64)> = None;
 
-    // A task of this client holds the lock for another owner: its release will hand the lock
-    // to this waiter, or wake it to ask Redis (the queue's turn), so it waits without a call of
-    // its own first, at most until that hold's lease deadline.
-    let mut wait_locally = match registration {
-        Some(_) if driver.hands_over() => driver
-            .client()
-            .holds()
-            .held_by_other(driver.as_ref(), &owner),
-        _ => None,
-    };
+    // The first wait may come before any attempt: after a take-over that found the queue's
+    // turn (it queued this waiter), or behind a hold of this client (see `wait_first`).
+    let mut first_wait = None;
+    if driver.client().core().parked.contains(driver.keys().id()) {
+        // A release of this client is deferred for a task that asks right after it: this one.
+        let sent_at = Instant::now();
+        match Box::pin(take_over(&driver, &owner, &waiter, lease, waiting)).await {
+            Some(Successor::HandedOver {
+                token,
+                queued: contended,
+            }) => {
+                if let Some(registration) = registration.as_ref() {
+                    registration.taken();
+                }
+                let timing = (sent_at, lease.initial());
+                let source = Source::OwnConnection { contended };
+                let guard = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
+                return guard.await.map(Some);
+            }
+            Some(Successor::Queued { ttl, token }) => {
+                last_busy = Some((sent_at, token));
+                queued.joined();
+                let Some(limit) = patience.wait_limit(ttl) else {
+                    queued.leave().await;
+                    return Ok(None);
+                };
+                first_wait = Some(limit);
+            }
+            Some(Successor::Passed) | None => {}
+        }
+    }
+    if first_wait.is_none() && registration.is_some() {
+        first_wait = wait_first(&driver, &owner, patience);
+    }
 
     loop {
-        let limit = if let Some(holder_deadline) = wait_locally.take() {
-            let until = match patience {
-                Patience::Until(deadline) => deadline.min(holder_deadline),
-                _ => holder_deadline,
-            };
-            until.saturating_duration_since(Instant::now())
+        let limit = if let Some(limit) = first_wait.take() {
+            limit
         } else {
             let sent_at = Instant::now();
             let attempt = attempt(&driver, &owner, &waiter, &op, lease.initial(), waiting).await;
@@ -294,19 +343,15 @@ async fn acquire_loop(
                         queued.joined();
                     }
                     let ttl = ttl.unwrap_or(driver.client().config().watchdog_lease);
-                    match patience {
-                        Patience::None => return Ok(None),
-                        Patience::Forever => ttl,
-                        Patience::Until(deadline) => {
-                            let left = deadline.saturating_duration_since(Instant::now());
-                            if left.is_zero() {
-                                tracing::debug!("gave up waiting");
-                                queued.leave().await;
-                                return Ok(None);
-                            }
-                            ttl.min(left)
-                        }
+                    if patience == Patience::None {
+                        return Ok(None);
                     }
+                    let Some(limit) = patience.wait_limit(ttl) else {
+                        tracing::debug!("gave up waiting");
+                        queued.leave().await;
+                        return Ok(None);
+                    };
+                    limit
                 }
                 // Repeat the same op after a pause: if the failed call was applied after all, the
                 // script answers it instead of applying it again.
@@ -414,18 +459,21 @@ impl Drop for UnusedHandOver<'_> {
 }
 
 /// Takes over this client's deferred release of the lock for `owner` (see `crate::release`):
-/// the token of the hold it was handed and whether waiters stay queued behind it, or None when the queue's turn came (the acquisition
-/// then asks like any other). Finished in the background if the caller goes away: a hold it
-/// was handed is then released.
+/// handed over, or queued behind a grant when the queue's turn came (`waiting` only), or
+/// None (no parked hold, or the call failed: the acquisition then asks like any other).
+/// Finished in the background if the caller goes away: a hold it was handed is then released,
+/// and a queue place left.
 async fn take_over(
     driver: &Arc<dyn Driver>,
     owner: &Owner,
     waiter: &Arc<str>,
     lease: Lease,
-) -> Option<(u64, bool)> {
+    waiting: bool,
+) -> Option<Successor> {
     let bid = Bid {
         owner: owner.clone(),
         lease: lease.initial(),
+        joins_queue: waiting,
     };
     let work = {
         let (driver, waiter) = (driver.clone(), waiter.clone());
@@ -437,7 +485,7 @@ async fn take_over(
     let outcome = Finish::new(work, orphans, move |outcome| {
         Box::pin(async move {
             match outcome {
-                Some(Ok((token, _))) => {
+                Some(Ok(Successor::HandedOver { token, .. })) => {
                     let outcome = orphan_driver
                         .release(&orphan_owner, token, &op_id(), false)
                         .await;
@@ -446,8 +494,10 @@ async fn take_over(
                         "released a hold taken over by a cancelled acquisition"
                     );
                 }
-                Some(Err(_)) => leave_after_failed_take_over(&orphan_driver, orphan_waiter).await,
-                None => {}
+                Some(Ok(Successor::Queued { .. })) | Some(Err(_)) => {
+                    leave_after_failed_take_over(&orphan_driver, orphan_waiter).await
+                }
+                Some(Ok(Successor::Passed)) | None => {}
             }
         })
     })

@@ -27,7 +27,7 @@ use dashmap::DashMap;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::engine::{Driver, Released};
+use crate::engine::{Driver, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
 use crate::lease::Hold;
 use crate::notify::{Bid, Claim, HandedOver};
@@ -124,8 +124,7 @@ pub(crate) async fn release_hold(hold: &Arc<Hold>) -> Result<Released> {
     if defer(hold) {
         return Ok(Released::Yes {
             remaining: 0,
-            handed_over: None,
-            queued: false,
+            successor: Successor::Passed,
         });
     }
     release_now(hold).await
@@ -182,30 +181,29 @@ pub(crate) async fn release_parked(hold: &Arc<Hold>) {
     }
 }
 
-/// Takes over the parked hold of `driver`'s lock for `owner`, if this client has one: one
-/// release call that names the acquisition (`waiter`, `bid`) its successor. The hold is handed
-/// over (its token) unless the queue's turn came (the release then
-/// freed the lock or granted it to the waiter queued longest) or the parked hold was gone.
-/// Transient failures are retried with the same op id, like any release.
+/// Takes over the parked hold of `driver`'s lock, if this client has one: one release call
+/// that names the acquisition (`waiter`, `bid`) its successor. The hold is handed over
+/// unless the queue's turn came: the release then granted the lock to the waiter queued
+/// longest and queued the acquisition behind it ([`Successor::Queued`]). None when there was
+/// no parked hold or it was gone. Transient failures are retried with the same op id, like
+/// any release.
 pub(crate) async fn take_parked(
     driver: &Arc<dyn Driver>,
     waiter: &str,
     bid: &Bid,
-) -> Option<Result<(u64, bool)>> {
+) -> Option<Result<Successor>> {
     let parked = driver.client().core().parked.take(driver.keys().id())?;
     let outcome = release_with_retries(&parked, Some((waiter, bid))).await;
     match outcome {
-        Ok(Released::Yes {
-            handed_over: Some(token),
-            queued,
-            ..
-        }) => {
-            let core = driver.client().core();
-            core.taken_over.fetch_add(1, Ordering::Relaxed);
-            tracing::trace!(token, "took over a deferred release");
-            Some(Ok((token, queued)))
+        Ok(Released::Yes { successor, .. }) => {
+            if let Successor::HandedOver { token, .. } = successor {
+                let core = driver.client().core();
+                core.taken_over.fetch_add(1, Ordering::Relaxed);
+                tracing::trace!(token, "took over a deferred release");
+            }
+            Some(Ok(successor))
         }
-        Ok(_) => None,
+        Ok(Released::NotHeld(_)) => None,
         Err(error) => Some(Err(error)),
     }
 }
@@ -271,8 +269,7 @@ async fn settle_claim(
 ) {
     match outcome {
         Ok(Released::Yes {
-            handed_over: Some(token),
-            queued,
+            successor: Successor::HandedOver { token, queued },
             ..
         }) => {
             let owner = claim.bid().1.owner.clone();

@@ -50,10 +50,14 @@
 -- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
 -- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
 -- fl_queued_flag(q)                 -> 1 when q holds a waiter, else 0
--- fl_queue_line(waiter, inbox, owner, lease, grant_ms) -> a queue line, stamped with the clock
+-- fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us) -> a queue line, stamped with
+--                                      the clock (now_us, or read now when nil)
 -- fl_queue_overdue(q, now_us, limit_ms, except) -> true when the first waiter of q (unless it
 --                                      is `except`) queued limit_ms or more before now_us
--- fl_grant_next(hold, fields, q, x, events, mode, lock_id) -> true when granted
+-- fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail) -> true, the queue
+--   left, the token and the grant ms when granted; false when nobody was left. now_us: the
+--   server clock if the caller read it already (else nil); tail: a line to queue behind the
+--   granted waiter in the same write (else nil)
 --   Grants the lock to the first waiter of q whose client is there to hear it, dropping the
 --   others (and waking, on the way, the waiters that are only woken: event
 --   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
@@ -176,8 +180,8 @@ local function fl_queued_flag(q)
   return 0
 end
 
-local function fl_queue_line(waiter, inbox, owner, lease, grant_ms)
-  local since = math.floor(fl_now_us() / 1000)
+local function fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us)
+  local since = math.floor((now_us or fl_now_us()) / 1000)
   return waiter .. ' ' .. inbox .. ' ' .. owner .. ' ' .. lease .. ' ' .. grant_ms .. ' ' ..
     string.format('%.0f', since) .. '\n'
 end
@@ -193,8 +197,9 @@ local function fl_queue_overdue(q, now_us, limit_ms, except)
   return now_us - tonumber(since) * 1000 >= limit_ms * 1000
 end
 
-local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
+local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail)
   local text
+  tail = tail or ''
   while q ~= '' do
     local stop = string.find(q, '\n', 1, true)
     local line = string.sub(q, 1, stop - 1)
@@ -203,14 +208,15 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id)
     if waiter and lasts == '0' then
       fl_emit_to(events .. ':to:' .. inbox, mode, '0|name|' .. waiter .. '|' .. lock_id)
     elseif waiter then
-      text = text or fl_clock_after(tonumber(fields[3]))
+      text = text or fl_token_after(tonumber(fields[3]), now_us or fl_now_us())
+      local left = q .. tail
       redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'q', q, 'g', waiter)
+        'x', x, 'q', left, 'g', waiter)
       local payload = '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' ..
-        fl_queued_flag(q) .. '|' .. lock_id
+        fl_queued_flag(left) .. '|' .. lock_id
       if fl_emit_to(events .. ':to:' .. inbox, mode, payload) then
         redis.call('PEXPIRE', hold, tonumber(lasts))
-        return true
+        return true, left, text, tonumber(lasts)
       end
     end
   end

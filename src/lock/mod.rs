@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::client::LockClient;
 use crate::config::{check_duration, MAX_DURATION};
-use crate::engine::{acquire, Attempt, BoxFuture, Driver, Patience, Released};
+use crate::engine::{acquire, Attempt, BoxFuture, Driver, Patience, Released, Successor};
 use crate::error::{Error, NotHeldReason, Result};
 use crate::keys::LockKeys;
 use crate::lease::{clamp_ttl, Lease};
@@ -153,18 +153,27 @@ pub(crate) fn acquire_reply(
 }
 
 /// Decodes `{1, left}` / `{0, 0}` / `{-1, 0}` (every release script, see `lua/lib/hold.lua`),
-/// and the barging mutex's `{1, 0, token, queued}` (handed to a task of this process).
+/// and the barging mutex's `{1, 0, token, queued}` (handed to a task of this process) and
+/// `{2, ttl, token}` (the successor queued behind a grant).
 pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> {
     match *reply {
         [1, remaining] => Ok(Released::Yes {
             remaining: remaining.max(0) as u64,
-            handed_over: None,
-            queued: false,
+            successor: Successor::Passed,
         }),
         [1, _, token, queued] => Ok(Released::Yes {
             remaining: 0,
-            handed_over: Some(token.max(0) as u64),
-            queued: queued == 1,
+            successor: Successor::HandedOver {
+                token: token.max(0) as u64,
+                queued: queued == 1,
+            },
+        }),
+        [2, ttl, token] => Ok(Released::Yes {
+            remaining: 0,
+            successor: Successor::Queued {
+                ttl: clamp_ttl(ttl, MAX_DURATION),
+                token: token.max(0) as u64,
+            },
         }),
         [0, _] => Ok(Released::NotHeld(NotHeldReason::Expired)),
         [-1, _] => Ok(Released::NotHeld(NotHeldReason::HeldByOther)),

@@ -31,7 +31,7 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 /// trip (no event): a task already waiting, or one that asks within a few scheduler turns of
 /// the release ([`Config::defer_release`](crate::Config::defer_release), the usual worker
 /// loop). It does so only while no waiter queued in Redis has waited
-/// [`Config::handover_limit`](crate::Config::handover_limit) (50 ms by default); otherwise
+/// [`Config::handover_limit`](crate::Config::handover_limit) (30 ms by default); otherwise
 /// it grants the lock to the waiter queued longest, and only that waiter's process hears of
 /// it (one event into its inbox): one release wakes one task of one process, however many
 /// wait. A free lock goes to whoever asks first (nobody is queued while it is free). Within
@@ -309,14 +309,28 @@ impl ExclusiveDriver {
         all: bool,
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
-        let successor: [Value; 4] = match successor {
+        let core = self.client.core();
+        let successor: [Value; 6] = match successor {
             Some((waiter, bid)) => [
                 bid.owner.id().into(),
                 waiter.into(),
                 (bid.lease.as_millis() as i64).into(),
-                (self.client.config().handover_limit.as_millis() as i64).into(),
+                (core.config.handover_limit.as_millis() as i64).into(),
+                core.inbox_tag.as_ref().into(),
+                if bid.joins_queue {
+                    (core.config.waiter_lease.as_millis() as i64).into()
+                } else {
+                    "".into()
+                },
             ],
-            None => ["".into(), "".into(), 0.into(), 0.into()],
+            None => [
+                "".into(),
+                "".into(),
+                0.into(),
+                0.into(),
+                "".into(),
+                "".into(),
+            ],
         };
         let args = release_call(&self.client, owner, token, op, all)
             .events(self.client.core().event_args(&self.keys))

@@ -39,6 +39,9 @@ pub(crate) struct Bid {
     pub(crate) owner: crate::owner::Owner,
     /// The lease the acquisition asks for.
     pub(crate) lease: Duration,
+    /// The acquisition asks by the release call itself (a take-over, `crate::release`): if
+    /// the lock goes to the queue instead, the call queues it there.
+    pub(crate) joins_queue: bool,
 }
 
 /// A hold that a release in this process handed to a waiter.
@@ -242,6 +245,7 @@ mod tests {
         let bid = Bid {
             owner: owner.clone(),
             lease: Duration::from_secs(1),
+            joins_queue: false,
         };
         table.register(
             &"mutex:a".into(),
