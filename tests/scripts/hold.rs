@@ -907,3 +907,119 @@ fn a_release_hands_the_lock_to_its_successor_when_the_overdue_queue_has_nobody_a
     assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
     lua.assert_no_stray_keys();
 }
+
+/// A take-over (`lua/hold_release.lua` with `ARGV[14]` set: the successor asks by this very
+/// call) when the queue's head has waited the limit: the release grants the lock to the head
+/// (its grant ms, the next token, grant event in its inbox) and the successor joins the queue
+/// behind it, as a busy `hold_acquire` would: its line (its waiter id, its client's inbox tag,
+/// its owner, its lease, grant ms = max(min(its lease, `ARGV[14]`), 0), since = the server
+/// clock) appended to what is left of the queue; the reply is the busy reply of
+/// `hold_acquire` behind the granted holder, {2, its grant ms, its token}. The successor's
+/// line is written with the grant, so the grant event's queued flag counts it (1 even when
+/// nobody else was queued). A re-sent release (same op id) changes nothing and is answered
+/// only "released" ({1, 0}: the hold is not the successor's). The next release grants the
+/// lock to the successor's line (grant event in its client's inbox). A successor whose
+/// waiter id is queued already keeps its line (and its since) and gets no second one.
+#[test]
+fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
+    init_tracing();
+    let server = RedisServer::start();
+    let lua = Lua::new(&server, "stream");
+    lua.open_inboxes(&["b", "c", "e", "g", "s"]);
+    let t = lua.acquire(Ask::once("a", "a-take"))[1];
+    let fence = snapshot(&server, FENCE);
+    assert_eq!(
+        lua.acquire(Ask::waiting("b", "b-wait", "wb")),
+        busy(LEASE, t)
+    );
+    // The head wb has waited the limit; a's token ahead of the clock, so that the tokens from
+    // here on are exactly one above the last.
+    lua.set_since("wb", lua.clock().div_euclid(1000) - LIMIT);
+    let t = lua.push_ahead();
+
+    // a's release, taken over by s (waiter ws, grant ms 3000): wb is granted the lock, ws
+    // queues behind it.
+    assert_eq!(
+        lua.take_over("a", t, "a-release", ("s", "ws"), 3_000),
+        vec![2, WAITER_LEASE, t + 1]
+    );
+    let s_line = lua.line("ws", "s", SUCCESSOR_LEASE, 3_000);
+    let b_holds = HoldHash {
+        x: "a-release".to_owned(),
+        q: s_line.clone(),
+        ..granted("b", t + 1, WAITER_LEASE, "wb")
+    };
+    lua.assert_hold(&b_holds, WAITER_LEASE, "wb's grant, ws queued behind it");
+    assert_eq!(
+        lua.hash().q.split(' ').count(),
+        6,
+        "one line of six columns"
+    );
+    assert_eq!(
+        lua.inbox_events("b"),
+        [grant("wb", t + 1, WAITER_LEASE, true)],
+        "the queued flag counts ws's line, written with the grant"
+    );
+    assert!(lua.inbox_events("s").is_empty(), "s was sent to");
+
+    // The release, re-sent: answered "released", nothing changed (no second line for ws).
+    let before = lua.dump(&[&inbox("b"), &inbox("s")]);
+    assert_eq!(
+        lua.take_over("a", t, "a-release", ("s", "ws"), 3_000),
+        vec![1, 0]
+    );
+    assert_eq!(
+        lua.dump(&[&inbox("b"), &inbox("s")]),
+        before,
+        "a re-sent release changed a key"
+    );
+    assert_eq!(lua.hash(), b_holds);
+
+    // b's release grants the lock to ws, for its grant ms; nobody is left queued.
+    assert_eq!(lua.release("b", t + 1, "b-release"), vec![1, 0]);
+    let s_holds = HoldHash {
+        x: "b-release,a-release".to_owned(),
+        ..granted("s", t + 2, 3_000, "ws")
+    };
+    lua.assert_hold(&s_holds, 3_000, "ws's grant");
+    assert_eq!(lua.inbox_events("s"), [grant("ws", t + 2, 3_000, false)]);
+
+    // c (the head, overdue), e and g queue; s's release, taken over by e (waiter we, queued
+    // already, not the head): wc is granted the lock, we's line stays as it was (its since
+    // too) and no second one is added.
+    for (owner, waiter) in [("c", "wc"), ("e", "we"), ("g", "wg")] {
+        assert_eq!(
+            lua.acquire(Ask::waiting(owner, &format!("{owner}-wait"), waiter)),
+            busy(3_000, t + 2)
+        );
+    }
+    lua.set_since("wc", lua.clock().div_euclid(1000) - LIMIT);
+    let rest = [
+        lua.line("we", "e", LEASE, WAITER_LEASE),
+        lua.line("wg", "g", LEASE, WAITER_LEASE),
+    ]
+    .concat();
+    assert_eq!(
+        lua.take_over("s", t + 2, "s-release", ("e", "we"), 3_000),
+        vec![2, WAITER_LEASE, t + 3]
+    );
+    lua.assert_hold(
+        &HoldHash {
+            x: "s-release,b-release,a-release".to_owned(),
+            q: rest,
+            ..granted("c", t + 3, WAITER_LEASE, "wc")
+        },
+        WAITER_LEASE,
+        "wc's grant, we's line kept as it was",
+    );
+    assert_eq!(
+        lua.inbox_events("c"),
+        [grant("wc", t + 3, WAITER_LEASE, true)]
+    );
+    for owner in ["e", "g"] {
+        assert!(lua.inbox_events(owner).is_empty(), "{owner} was sent to");
+    }
+
+    assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
+    lua.assert_no_stray_keys();
+}

@@ -200,6 +200,20 @@ impl<'a> Ask<'a> {
     }
 }
 
+/// The successor a `hold_release` call names (`ARGV[9..14]`); its client's inbox tag is always
+/// its owner's, its lease [`SUCCESSOR_LEASE`].
+#[derive(Clone, Copy)]
+pub(crate) struct Successor<'a> {
+    pub(crate) owner: &'a str,
+    pub(crate) waiter: &'a str,
+    /// The hand-over limit (ms).
+    pub(crate) limit: i64,
+    /// `None` for a successor that waits already (a local waiter: `ARGV[14]` ""); `Some(grant
+    /// ms)` for one that asks by this very call (a take-over), which joins the queue when the
+    /// queue's turn comes.
+    pub(crate) queues: Option<i64>,
+}
+
 /// The whole hold hash, field by field (every field the library writes; no other).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct HoldHash {
@@ -405,8 +419,8 @@ impl<'a> Lua<'a> {
     }
 
     /// `hold_release`, handing over to `to` = (owner, waiter id, hand-over limit in ms) if
-    /// given; the raw reply. With no successor, the successor's lease and the limit are 0 (as
-    /// the client passes them).
+    /// given, a successor that waits already (`ARGV[14]` ""); the raw reply. With no
+    /// successor, the successor's lease and the limit are 0 (as the client passes them).
     pub(crate) fn release_limited(
         &self,
         owner: &str,
@@ -415,13 +429,47 @@ impl<'a> Lua<'a> {
         all: bool,
         to: Option<(&str, &str, i64)>,
     ) -> Resp {
-        let (successor, waiter) = to.map_or(("", ""), |(o, w, _)| (o, w));
+        let to = to.map(|(owner, waiter, limit)| Successor {
+            owner,
+            waiter,
+            limit,
+            queues: None,
+        });
+        self.release_to(owner, token, op, all, to)
+    }
+
+    /// `hold_release`, naming the successor `to` if given (`ARGV[9..14]`: its owner, waiter
+    /// id, lease [`SUCCESSOR_LEASE`], the limit, its client's inbox tag, and its grant ms when
+    /// it queues, else ""); the raw reply. With no successor, the successor's lease and the
+    /// limit are 0 and the inbox tag "" (as the client passes them).
+    ///
+    /// When the call queues a successor that queues (its line was not in `q` before the call
+    /// and is after it), asserts that the line's since column is the server clock (ms) of the
+    /// call, within the clock read before it and the clock read after it, and keeps it for
+    /// [`Lua::line`], as [`Lua::attempt_on`] does.
+    pub(crate) fn release_to(
+        &self,
+        owner: &str,
+        token: i64,
+        op: &str,
+        all: bool,
+        to: Option<Successor>,
+    ) -> Resp {
+        let (successor, waiter) = to.map_or(("", ""), |s| (s.owner, s.waiter));
         let (token, window) = (token.to_string(), WINDOW.to_string());
-        let (lease, limit) = match to {
-            Some((_, _, limit)) => (SUCCESSOR_LEASE.to_string(), limit.to_string()),
-            None => ("0".to_owned(), "0".to_owned()),
+        let (lease, limit, inbox_tag, queues) = match to {
+            Some(s) => (
+                SUCCESSOR_LEASE.to_string(),
+                s.limit.to_string(),
+                tag(s.owner),
+                s.queues.map(|grant| grant.to_string()).unwrap_or_default(),
+            ),
+            None => ("0".to_owned(), "0".to_owned(), String::new(), String::new()),
         };
-        self.eval(
+        let joins = to.is_some_and(|s| s.queues.is_some())
+            && queued_since(&self.queue_of(HOLD), waiter).is_none();
+        let before = self.clock().div_euclid(1000);
+        let reply = self.eval(
             &self.release,
             &KEYS,
             &[
@@ -437,8 +485,24 @@ impl<'a> Lua<'a> {
                 waiter,
                 &lease,
                 &limit,
+                &inbox_tag,
+                &queues,
             ],
-        )
+        );
+        let after = self.clock().div_euclid(1000);
+        if joins {
+            if let Some(since) = queued_since(&self.queue_of(HOLD), waiter) {
+                assert!(
+                    (before..=after).contains(&since),
+                    "{waiter} queued at {since} ms, not within the server clock \
+                     {before}..={after} ms around the release"
+                );
+                self.since
+                    .borrow_mut()
+                    .insert((HOLD.to_owned(), waiter.to_owned()), since);
+            }
+        }
+        reply
     }
 
     /// `hold_release` of one hold, with no successor.
@@ -470,6 +534,27 @@ impl<'a> Lua<'a> {
     ) -> Vec<i64> {
         let (successor, waiter) = to;
         ints(self.release_limited(owner, token, op, false, Some((successor, waiter, limit))))
+    }
+
+    /// `hold_release` of one hold naming `to` = (owner, waiter id) a successor that asks by
+    /// this very call (a take-over: `ARGV[14]` its grant ms `grant`), with the hand-over limit
+    /// [`LIMIT`].
+    pub(crate) fn take_over(
+        &self,
+        owner: &str,
+        token: i64,
+        op: &str,
+        to: (&str, &str),
+        grant: i64,
+    ) -> Vec<i64> {
+        let (successor, waiter) = to;
+        let to = Successor {
+            owner: successor,
+            waiter,
+            limit: LIMIT,
+            queues: Some(grant),
+        };
+        ints(self.release_to(owner, token, op, false, Some(to)))
     }
 
     /// `hold_leave` of `waiter`; the raw reply.

@@ -9,8 +9,8 @@
 //! reads that hash field by field, so a test states the whole state it expects after each
 //! call. Each queue line ends with the server clock (ms) when its waiter queued: the harness
 //! checks it against the clock read around the attempt that queued it and keeps it, so that a
-//! test compares whole lines ([`Lua::line`]); the hand-over limit (`hold_release.lua`'s last
-//! argument) is measured against it, and a test sets it back ([`Lua::set_since`]) rather than
+//! test compares whole lines ([`Lua::line`]); the hand-over limit (`hold_release.lua`'s
+//! `ARGV[12]`) is measured against it, and a test sets it back ([`Lua::set_since`]) rather than
 //! waiting.
 //!
 //! Tokens follow the server clock (`fl_clock_after` in `lua/lib/hold.lua`): a token drawn by a
