@@ -722,7 +722,7 @@ pub struct ClientStats {
     /// Barging-mutex acquisitions that took over a release this client had deferred (see
     /// [`Config::defer_release`](crate::Config::defer_release)), since start.
     pub taken_over: u64,
-    /// Releases deferred right now, waiting a few scheduler turns for a task of this client to
+    /// Releases deferred right now, waiting for the releasing task to yield or a task of this client to
     /// take them over.
     pub deferred_releases: usize,
 }

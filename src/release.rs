@@ -8,7 +8,7 @@
 //!   without a call of its own.
 //! * **Deferred release** ([`crate::Config::defer_release`]). Nobody of this client waits yet,
 //!   but the releasing task usually asks again at once (a worker loop): the hold is parked here
-//!   for a few scheduler turns instead of being released. An acquisition of this client that
+//!   until the releasing task next yields to the scheduler instead of being released. An acquisition of this client that
 //!   finds it parked ([`take_parked`]) sends the release itself, naming itself the successor:
 //!   one script call both ends the old hold and starts its own, where a release and an acquire
 //!   would take two. A parked hold nobody takes is released by a background task right after.
@@ -32,9 +32,6 @@ use crate::error::{Backoff, NotHeldReason, Result};
 use crate::lease::Hold;
 use crate::notify::{Bid, Claim, HandedOver};
 use crate::owner::op_id;
-
-/// Scheduler turns a deferred release waits for a task of its client to take the hold over.
-const DEFER_TURNS: usize = 4;
 
 /// A hold is deferred only with at least this much of its lease left: the release that ends
 /// it must run well before Redis would drop it by itself.
@@ -133,7 +130,7 @@ pub(crate) async fn release_hold(hold: &Arc<Hold>) -> Result<Released> {
 /// Parks `hold` instead of releasing it, if it may be: a barging mutex's last level, its lease
 /// intact with time to spare, no task of this client waiting for the lock already (that one
 /// is handed the lock at once), the client open and inside a runtime. A background task
-/// releases it a few scheduler turns later unless an acquisition took it over meanwhile.
+/// releases it once the releasing task yields, unless an acquisition took it over meanwhile.
 fn defer(hold: &Arc<Hold>) -> bool {
     let driver = &hold.driver;
     let client = driver.client();
@@ -158,11 +155,12 @@ fn defer(hold: &Arc<Hold>) -> bool {
         token = hold.token,
         "release deferred"
     );
+    // The spawned task runs once the releasing task yields (tokio runs a task spawned by a
+    // worker in that worker's next slot, without waking another worker): a task that asks for
+    // the lock again before its next await takes the hold over first. No `yield_now` here: on
+    // a multi-threaded runtime each one would wake an idle worker thread.
     let hold = hold.clone();
     runtime.spawn(async move {
-        for _ in 0..DEFER_TURNS {
-            tokio::task::yield_now().await;
-        }
         if hold.driver.client().core().parked.take_exact(&hold) {
             release_parked(&hold).await;
         }

@@ -28,7 +28,7 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 ///
 /// **Ordering** (local first, then FIFO, with eventual fairness). A release whose process has
 /// a task that wants the lock hands the lock straight to that task in the release's own round
-/// trip (no event): a task already waiting, or one that asks within a few scheduler turns of
+/// trip (no event): a task already waiting, or one that asks before the releasing task next yields after
 /// the release ([`Config::defer_release`](crate::Config::defer_release), the usual worker
 /// loop). It does so only while no waiter queued in Redis has waited
 /// [`Config::handover_limit`](crate::Config::handover_limit) (30 ms by default); otherwise
