@@ -16,7 +16,10 @@
 --                  the lock no longer than that); -1: when busy, the waiter joins the queue to
 --                  be woken, never granted (a Redlock round)
 -- ARGV[6] inbox    the inbox tag of the caller's client (where a grant is sent)
--- ARGV[7] fence    the fence argument "<0|1><layout>" (lib/fence.lua)
+-- ARGV[7] stamp    "1": a queued waiter's line carries the server time it queued at (a barging
+--                  mutex: the bound of its hand-overs, hold_release.lua); "0": it carries 0 (a
+--                  fair lock never hands over, and saves the clock read)
+-- ARGV[8] fence    the fence argument "<0|1><layout>" (lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {1, fencing token, hold count, remaining ms} when a release had already granted or
@@ -30,7 +33,7 @@
 --         key holds a foreign value.
 local hold, fence = KEYS[1], KEYS[3]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local waiter_lease, inbox, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local waiter_lease, inbox, stamp, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
 
 local fields = fl_hold_read(hold)
 local current = fields[1]
@@ -57,7 +60,7 @@ end
 
 if waiter_lease ~= 0 and not fl_queue_find(fields[7], waiter) then
   local lasts = math.max(math.min(lease, waiter_lease), 0)
-  local line = fl_queue_line(waiter, inbox, owner, lease, lasts)
+  local line = fl_queue_line(waiter, inbox, owner, lease, lasts, stamp ~= '1' and 0 or nil)
   redis.call('HSET', hold, 'q', (fields[7] or '') .. line)
 end
 return {0, tonumber(fields[4]) or lease, tonumber(fields[3])}

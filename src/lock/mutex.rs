@@ -374,10 +374,12 @@ impl Driver for ExclusiveDriver {
                 (true, true) => (waiter.as_ref(), core.config.waiter_lease.as_millis() as i64),
                 (true, false) => (waiter.as_ref(), -1),
             };
+            // A fair lock never hands over: its queue lines need no time stamp.
+            let stamp = if self.fair { "0" } else { "1" };
             let script = &SCRIPTS.hold_acquire;
             let args =
                 ScriptArgs::acquire(owner.id(), lease.as_millis() as i64, &op, waiter, grant_ms)
-                    .extra([core.inbox_tag.as_ref().into()]);
+                    .extra([core.inbox_tag.as_ref().into(), stamp.into()]);
             let keys = self.script_keys().through(Key::Fence);
             let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
             acquire_reply(&self.client, script, &reply)

@@ -1023,3 +1023,40 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
     lua.assert_no_stray_keys();
 }
+
+/// A fair lock's waiter (stamp "0") queues without a time stamp: its line's since column is 0,
+/// and the call reads no clock for it; a barging mutex's waiter behind it is stamped as usual.
+/// The order of the queue is the order of the calls either way.
+#[test]
+fn a_fair_waiter_queues_without_a_time_stamp() {
+    init_tracing();
+    let server = RedisServer::start();
+    let lua = Lua::new(&server, "stream");
+    let t = lua.acquire(Ask::once("a", "a-take"))[1];
+
+    assert_eq!(
+        lua.acquire(Ask::waiting("b", "b-wait", "wb").fair()),
+        busy(LEASE, t)
+    );
+    assert_eq!(
+        lua.queue_of(HOLD),
+        queue_line("wb", "b", LEASE, WAITER_LEASE, 0)
+    );
+    // A retried attempt finds its line and adds none.
+    assert_eq!(
+        lua.acquire(Ask::waiting("b", "b-wait", "wb").fair()),
+        busy(LEASE, t)
+    );
+    assert_eq!(
+        lua.acquire(Ask::waiting("c", "c-wait", "wc")),
+        busy(LEASE, t)
+    );
+    assert_eq!(
+        lua.queue_of(HOLD),
+        format!(
+            "{}{}",
+            queue_line("wb", "b", LEASE, WAITER_LEASE, 0),
+            lua.line("wc", "c", LEASE, WAITER_LEASE)
+        )
+    );
+}

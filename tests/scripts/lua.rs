@@ -157,6 +157,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) op: &'a str,
     pub(crate) waiter: &'a str,
     pub(crate) waiter_lease: i64,
+    /// A fair lock's attempt: its queue line carries no time stamp (ARGV[7] "0").
+    pub(crate) fair: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -168,6 +170,7 @@ impl<'a> Ask<'a> {
             op,
             waiter: "",
             waiter_lease: 0,
+            fair: false,
         }
     }
 
@@ -179,6 +182,7 @@ impl<'a> Ask<'a> {
             op,
             waiter,
             waiter_lease: WAITER_LEASE,
+            fair: false,
         }
     }
 
@@ -190,6 +194,11 @@ impl<'a> Ask<'a> {
 
     pub(crate) fn lease(self, lease: i64) -> Self {
         Ask { lease, ..self }
+    }
+
+    /// The attempt of a fair lock's acquisition.
+    pub(crate) fn fair(self) -> Self {
+        Ask { fair: true, ..self }
     }
 
     pub(crate) fn waiter_lease(self, waiter_lease: i64) -> Self {
@@ -328,6 +337,7 @@ impl<'a> Lua<'a> {
                 ask.waiter,
                 &waiter_lease,
                 &inbox_tag,
+                if ask.fair { "0" } else { "1" },
                 fence_arg,
             ],
         );
@@ -336,6 +346,10 @@ impl<'a> Lua<'a> {
             return reply;
         }
         if let Some(since) = queued_since(&self.queue_of(hold), ask.waiter) {
+            if ask.fair {
+                assert_eq!(since, 0, "a fair waiter's line carries no time stamp");
+                return reply;
+            }
             assert!(
                 (before..=after).contains(&since),
                 "{} queued at {since} ms, not within the server clock {before}..={after} ms \
