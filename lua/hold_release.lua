@@ -35,7 +35,8 @@
 --           waiters stay queued behind it, else 0,
 --         {2, bound ms, token} when the lock went to the queue and the successor (ARGV[14]
 --           set) joined the queue: the granted holder's bound and token, as in
---           hold_acquire's busy reply,
+--           hold_acquire's busy reply (also to a retry, while the successor is queued: the
+--           current holder's),
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it,
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
@@ -54,6 +55,10 @@ end
 if fields[6] and string.find(',' .. fields[6] .. ',', ',' .. op .. ',', 1, true) then
   if successor_waiter ~= '' and fields[8] == successor_waiter then
     return {1, 0, tonumber(fields[3]), fl_queued_flag(fields[7])}
+  end
+  if current and successor_queues ~= '' and fl_queue_find(fields[7], successor_waiter) then
+    -- It granted the lock to the queue and queued the successor (a take-over), which waits.
+    return {2, tonumber(fields[4]) or 0, tonumber(fields[3])}
   end
   return {1, 0}
 end

@@ -40,7 +40,7 @@ use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::rwlock::RwLock;
 use crate::notify::{pubsub, stream, WaiterTable};
 use crate::queue::{run_heartbeat, QueuedWaiters};
-use crate::release::{release_parked, run_release_worker, ParkedHolds, ReleaseJob};
+use crate::release::{run_release_worker, ParkedHolds, ReleaseJob};
 use crate::scripts::Script;
 
 /// Acquire attempts one client has in flight at once; further attempts wait locally, in FIFO
@@ -97,6 +97,11 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// Whether shutdown has begun (no new acquisitions).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Runs a script on the command connection, mapping errors to [`Error`].
     pub(crate) async fn run(
         &self,
@@ -608,10 +613,10 @@ impl LockClient {
             }
         }
         let mut first_error = None;
-        for hold in inner.core.parked.drain() {
-            release_parked(&hold).await;
-        }
-        for hold in inner.core.holds.drain() {
+        // Deferred releases too, plainly: a hand-over to a local waiter now would give it a
+        // hold after shutdown began.
+        let parked = inner.core.parked.drain();
+        for hold in parked.into_iter().chain(inner.core.holds.drain()) {
             let released = hold
                 .driver
                 .release(&hold.owner, hold.token, &crate::owner::op_id(), true)

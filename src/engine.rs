@@ -33,7 +33,7 @@ use crate::lease::Lease;
 use crate::lock::guard::LockGuard;
 use crate::notify::{Bid, Granted, HandedOver, Registration, WaitKind};
 use crate::owner::{op_id, Owner};
-use crate::release::take_parked;
+use crate::release::{take_parked, wake_local_waiters};
 use crate::scripts::{Script, ScriptKeys};
 
 /// A boxed, sendable future (drivers are used as trait objects).
@@ -283,7 +283,7 @@ async fn acquire_loop(
     if driver.client().core().parked.contains(driver.keys().id()) {
         // A release of this client is deferred for a task that asks right after it: this one.
         let sent_at = Instant::now();
-        match Box::pin(take_over(&driver, &owner, &waiter, lease, waiting)).await {
+        match Box::pin(take_over(&driver, &owner, &waiter, lease, patience)).await {
             Some(Successor::HandedOver {
                 token,
                 queued: contended,
@@ -453,6 +453,7 @@ impl Drop for UnusedHandOver<'_> {
                     ?outcome,
                     "released a hand-over nobody took up"
                 );
+                wake_local_waiters(driver.as_ref());
             });
         }
     }
@@ -468,8 +469,9 @@ async fn take_over(
     owner: &Owner,
     waiter: &Arc<str>,
     lease: Lease,
-    waiting: bool,
+    patience: Patience,
 ) -> Option<Successor> {
+    let waiting = patience != Patience::None;
     let bid = Bid {
         owner: owner.clone(),
         lease: lease.initial(),
@@ -477,7 +479,12 @@ async fn take_over(
     };
     let work = {
         let (driver, waiter) = (driver.clone(), waiter.clone());
-        async move { take_parked(&driver, &waiter, &bid).await }
+        let give_up = match patience {
+            Patience::None => Some(Instant::now()),
+            Patience::Until(deadline) => Some(deadline),
+            Patience::Forever => None,
+        };
+        async move { take_parked(&driver, &waiter, &bid, give_up).await }
     };
     let orphans = driver.client().orphans().clone();
     let (orphan_driver, orphan_owner) = (driver.clone(), owner.clone());
@@ -493,6 +500,7 @@ async fn take_over(
                         ?outcome,
                         "released a hold taken over by a cancelled acquisition"
                     );
+                    wake_local_waiters(orphan_driver.as_ref());
                 }
                 Some(Ok(Successor::Queued { .. })) | Some(Err(_)) => {
                     leave_after_failed_take_over(&orphan_driver, orphan_waiter).await
@@ -571,6 +579,13 @@ async fn take_up(
         Box::pin(confirm_replicated(driver, owner, token)).await?;
     }
     let client = driver.client().clone();
+    if client.core().is_closed() {
+        // Shutdown began after this acquisition got the lock (a hand-over or grant in flight):
+        // shutdown releases only what the registry holds, so release this hold here.
+        let outcome = driver.release(owner, token, &op_id(), false).await;
+        tracing::debug!(?outcome, "released a hold acquired during shutdown");
+        return Err(Error::Shutdown);
+    }
     let hold = client.holds().adopt(
         driver.clone(),
         owner,

@@ -352,6 +352,9 @@ impl HoldRegistry {
                     if old.token != token {
                         old.mark_lost(LostCause::TokenChanged);
                     }
+                    self.forget_lock(&old);
+                    let lock_id = hold.driver.keys().id().clone();
+                    self.by_lock.entry(lock_id).or_default().push(hold.clone());
                     hold
                 }
             }

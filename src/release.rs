@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use crate::engine::{Driver, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
 use crate::lease::Hold;
-use crate::notify::{Bid, Claim, HandedOver};
+use crate::notify::{Bid, Claim, HandedOver, WakeRule};
 use crate::owner::op_id;
 
 /// A hold is deferred only with at least this much of its lease left: the release that ends
@@ -169,7 +169,7 @@ fn defer(hold: &Arc<Hold>) -> bool {
 }
 
 /// Sends the release of a parked hold nobody took over.
-pub(crate) async fn release_parked(hold: &Arc<Hold>) {
+async fn release_parked(hold: &Arc<Hold>) {
     let lock = hold.driver.keys().name();
     match release_now(hold).await {
         Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released (deferred)"),
@@ -184,14 +184,15 @@ pub(crate) async fn release_parked(hold: &Arc<Hold>) {
 /// unless the queue's turn came: the release then granted the lock to the waiter queued
 /// longest and queued the acquisition behind it ([`Successor::Queued`]). None when there was
 /// no parked hold or it was gone. Transient failures are retried with the same op id, like
-/// any release.
+/// any release, until `give_up` (the acquisition's patience).
 pub(crate) async fn take_parked(
     driver: &Arc<dyn Driver>,
     waiter: &str,
     bid: &Bid,
+    give_up: Option<Instant>,
 ) -> Option<Result<Successor>> {
     let parked = driver.client().core().parked.take(driver.keys().id())?;
-    let outcome = release_with_retries(&parked, Some((waiter, bid))).await;
+    let outcome = release_with_retries(&parked, Some((waiter, bid)), give_up).await;
     match outcome {
         Ok(Released::Yes { successor, .. }) => {
             if let Successor::HandedOver { token, .. } = successor {
@@ -202,7 +203,14 @@ pub(crate) async fn take_parked(
             Some(Ok(successor))
         }
         Ok(Released::NotHeld(_)) => None,
-        Err(error) => Some(Err(error)),
+        Err(error) => {
+            // The acquisition gives up on it; the old hold's release goes on by itself (a
+            // release that did run is answered as not held: the hold moved on).
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move { release_parked(&parked).await });
+            }
+            Some(Err(error))
+        }
     }
 }
 
@@ -220,7 +228,7 @@ pub(crate) async fn release_now(hold: &Hold) -> Result<Released> {
     };
     let sent_at = Instant::now();
     let successor = claim.as_ref().map(Claim::bid);
-    let outcome = release_with_retries(hold, successor).await;
+    let outcome = release_with_retries(hold, successor, None).await;
     if let Some(claim) = claim.take() {
         settle_claim(driver, claim, &outcome, sent_at).await;
     }
@@ -231,7 +239,14 @@ pub(crate) async fn release_now(hold: &Hold) -> Result<Released> {
 /// broken connection, failover) is retried with the same op id, so a release that did run is
 /// answered, not applied twice, until the hold's lease would have ended anyway; a hold whose
 /// lease is over by then is reported as expired.
-async fn release_with_retries(hold: &Hold, successor: Option<(&str, &Bid)>) -> Result<Released> {
+///
+/// `give_up`: an acquisition taking the hold over stops retrying at its own deadline (and
+/// returns the error).
+async fn release_with_retries(
+    hold: &Hold,
+    successor: Option<(&str, &Bid)>,
+    give_up: Option<Instant>,
+) -> Result<Released> {
     let op = op_id();
     let mut backoff = Backoff::default();
     let driver = &hold.driver;
@@ -240,7 +255,10 @@ async fn release_with_retries(hold: &Hold, successor: Option<(&str, &Bid)>) -> R
             .release_to(&hold.owner, hold.token, &op, successor)
             .await;
         match outcome {
-            Err(error) if error.is_retryable() => {
+            Err(error)
+                if error.is_retryable()
+                    && !matches!(give_up, Some(at) if Instant::now() + backoff.peek() >= at) =>
+            {
                 if Instant::now() + backoff.peek() >= hold.deadline() {
                     // The lease is over: Redis drops the hold by itself (at the latest when its
                     // TTL, which this client no longer extends, runs out).
@@ -288,16 +306,28 @@ async fn settle_claim(
                     ?undone,
                     "released a hand-over to a waiter that went away"
                 );
+                wake_local_waiters(driver.as_ref());
             }
         }
-        // Not handed over: the waiter asks Redis at once (it may be waiting on this process's
-        // hold alone, without a place in the Redis queue). A release that left holds of the
-        // owner changed nothing.
+        // Not handed over: the local waiters ask Redis at once (they may be waiting on this
+        // process's hold alone, without a place in the Redis queue). A release that left holds
+        // of the owner changed nothing.
         Ok(Released::Yes { remaining: 0, .. }) | Ok(Released::NotHeld(_)) | Err(_) => {
-            claim.cancel(true)
+            claim.cancel(true);
+            wake_local_waiters(driver.as_ref());
         }
         Ok(_) => claim.cancel(false),
     }
+}
+
+/// Wakes every local waiter of `driver`'s lock to ask Redis: after a release of this client
+/// that handed the lock to none of them, since a waiter that waited on this client's hold
+/// alone (`wait_first` in `engine.rs`) has no place in the Redis queue and hears no event.
+pub(crate) fn wake_local_waiters(driver: &dyn Driver) {
+    driver
+        .client()
+        .waiters()
+        .dispatch(driver.keys().id(), &WakeRule::All);
 }
 
 async fn release_dropped(job: ReleaseJob) {

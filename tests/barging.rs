@@ -619,3 +619,69 @@ async fn handover_limit_zero_turns_the_shortcuts_off() {
         shutdown(&b).await;
     }
 }
+
+/// A release that hands the lock to no local waiter (the queue's turn came) wakes every local
+/// waiter of the lock to ask Redis: two tasks that waited on their own client's hold, with no
+/// place in the Redis queue, both get the lock after the other process's waiter, and neither
+/// sleeps until the old hold's lease (120 s, past the test's hang bound) would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let scene = Contended::set_up(&server, "localturn", mode, |config| {
+            config.handover_limit = Duration::from_millis(1);
+            // A's hold, granted, lasts min(lease, waiter_lease): 120 s.
+            config.watchdog_lease = Duration::from_secs(120);
+            config.waiter_lease = Duration::from_secs(120);
+        })
+        .await;
+        let Contended {
+            a,
+            b,
+            hold_key,
+            a_guard,
+            b_task,
+            ..
+        } = scene;
+        let attempts = a.stats().attempts;
+        let locals: Vec<JoinHandle<Result<u64>>> = (0..2)
+            .map(|_| {
+                let mutex = a.mutex(NAME).unwrap();
+                tokio::spawn(async move {
+                    let guard = mutex.lock().await?;
+                    let token = guard.fencing_token();
+                    guard.unlock().await?;
+                    Ok(token)
+                })
+            })
+            .collect();
+        eventually("both wait on A's hold", || a.stats().waiting == 2).await;
+        assert_eq!(
+            a.stats().attempts,
+            attempts,
+            "{mode:?}: no call of their own"
+        );
+        assert_eq!(queued_waiters(&server, &hold_key).len(), 1, "{mode:?}");
+        // Not a measurement: time only moves forward, so B has waited past A's 1 ms bound.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let a_token = a_guard.fencing_token();
+        a_guard.unlock().await.unwrap();
+
+        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
+        assert!(b_guard.fencing_token() > a_token, "{mode:?}");
+        // Both were woken by A's release, asked Redis and queued behind B's hold.
+        eventually_async("both local waiters queue in Redis", || async {
+            queued_waiters(&server, &hold_key).len() == 2
+        })
+        .await;
+        let b_token = b_guard.fencing_token();
+        b_guard.unlock().await.unwrap();
+        for local in locals {
+            let token = joined("A's waiting task", local).await.unwrap();
+            assert!(token > b_token, "{mode:?}: after B");
+        }
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}

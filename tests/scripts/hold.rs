@@ -962,11 +962,12 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     );
     assert!(lua.inbox_events("s").is_empty(), "s was sent to");
 
-    // The release, re-sent: answered "released", nothing changed (no second line for ws).
+    // The release, re-sent: answered as the first time (ws queued behind b's grant), nothing
+    // changed (no second line for ws).
     let before = lua.dump(&[&inbox("b"), &inbox("s")]);
     assert_eq!(
         lua.take_over("a", t, "a-release", ("s", "ws"), 3_000),
-        vec![1, 0]
+        vec![2, WAITER_LEASE, t + 1]
     );
     assert_eq!(
         lua.dump(&[&inbox("b"), &inbox("s")]),
