@@ -67,6 +67,9 @@ pub(crate) struct Core {
     pub(crate) layout: Layout,
     /// Redis Cluster 7+: scripts publish with `SPUBLISH` in Pub/Sub mode.
     pub(crate) sharded_pubsub: bool,
+    /// Redis 6.2+ (and Valkey): an event into an inbox is one `XADD NOMKSTREAM`, which also
+    /// tells whether the inbox exists (mode "stream6" in `lua/lib/notify.lua`).
+    pub(crate) nomkstream: bool,
     /// Names this client's inboxes ([`Keyspace::inbox`]): random, 16 hex digits.
     pub(crate) inbox_tag: Arc<str>,
     pub(crate) holds: HoldRegistry,
@@ -211,6 +214,7 @@ impl Core {
             // A cluster before Redis 7: PUBLISH reaches subscribers on every node, so the
             // count it returns (this node's) says nothing about the receiver.
             NotificationMode::PubSub if self.keyspace.clustered() => "bpubsub",
+            NotificationMode::Stream if self.nomkstream => "stream6",
             other => other.as_str(),
         };
         vec![mode.into(), (self.config.stream_max_len as i64).into()]
@@ -447,6 +451,9 @@ impl LockClient {
         // Sharded Pub/Sub (SPUBLISH/SSUBSCRIBE) exists from Redis 7 on; an older cluster
         // broadcasts plain PUBLISH messages to every node, which works too (at more traffic).
         let sharded_pubsub = clustered && command.server_version().map_or(true, |v| v.major >= 7);
+        let nomkstream = command
+            .server_version()
+            .is_some_and(|v| (v.major, v.minor) >= (6, 2));
         let keyspace = Keyspace::new(&config.key_prefix, config.shards, clustered);
         let layout = Layout::new(&config, &keyspace);
         let started = async {
@@ -473,6 +480,7 @@ impl LockClient {
             keyspace: keyspace.clone(),
             layout,
             sharded_pubsub,
+            nomkstream,
             inbox_tag: inbox_tag.clone(),
             holds: HoldRegistry::default(),
             waiters: waiters.clone(),

@@ -17,7 +17,7 @@ local function fl_expect(key, kind)
 end
 
 local function fl_expect_events(events, seq, mode)
-  if mode == 'stream' then
+  if mode == 'stream' or mode == 'stream6' then
     fl_expect(events, 'stream')
   end
   fl_expect(seq, 'string')
