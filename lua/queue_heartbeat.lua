@@ -3,7 +3,7 @@
 --
 -- Refreshes each listed waiter's lease, and on every lock that no writer holds evicts dead
 -- waiters at the head; if that uncovers a live head, it is told with a `name` event (a writer)
--- or one `chain` event naming the readers that may go now (fl_rw_announce in lib/rw.lua).
+-- or one `chain` event naming the readers that may go now (fl_rw_plan in lib/rw.lua).
 -- Thanks to this, a waiter that died at the head stalls the queue for at most one waiter
 -- lease plus one heartbeat.
 --
@@ -20,41 +20,71 @@
 -- acquired; an evicted waiter that is still alive re-joins at the tail on its next attempt).
 local events, seq = KEYS[#KEYS - 1], KEYS[#KEYS]
 local lease, mode, maxlen = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-fl_expect_events(events, seq, mode)
--- Before any write: every lock's kind, and the type of every key the script touches.
-local arg = 4
-for base = 1, #KEYS - 2, 4 do
-  fl_queue_kind(ARGV[arg])
-  fl_expect(KEYS[base], 'hash')
-  fl_expect(KEYS[base + 2], 'list')
-  fl_expect(KEYS[base + 3], 'zset')
-  arg = arg + 3 + tonumber(ARGV[arg + 2])
-end
 local now = fl_now()
-local codes = {}
-arg = 4
-local base = 1
+-- Reads first, for every lock (lib/rw.lua): its kind, its waiters' scores (ZSCORE), whether a
+-- writer holds it (HGET) and its queue (LLEN, or fl_peek's LRANGE when it is free: the waiters
+-- refreshed below count as live there). The shard's keys are read only for an announcement.
+-- A lock listed twice is one lock: its waiters are refreshed, and its queue looked at, once.
+local locks, by_hold, codes = {}, {}, {}
+local arg, base = 4, 1
 while arg <= #ARGV do
-  local lock_id, n = ARGV[arg + 1], tonumber(ARGV[arg + 2])
-  local hold, queue, alive = KEYS[base], KEYS[base + 2], KEYS[base + 3]
+  fl_queue_kind(ARGV[arg])
+  local lock = by_hold[KEYS[base]]
+  if not lock then
+    lock = {hold = KEYS[base], queue = KEYS[base + 2], alive = KEYS[base + 3],
+      lock_id = ARGV[arg + 1], refreshed = {}, live = {}, dead = {}}
+    by_hold[lock.hold] = lock
+    locks[#locks + 1] = lock
+  end
+  local n = tonumber(ARGV[arg + 2])
+  lock.scored = lock.scored or n > 0
   arg = arg + 3
   for _ = 1, n do
     local id = ARGV[arg]
     arg = arg + 1
-    if redis.call('ZSCORE', alive, id) then
-      redis.call('ZADD', alive, now + lease, id)
+    if lock.live[id] or redis.call('ZSCORE', lock.alive, id) then
+      if not lock.live[id] then
+        lock.refreshed[#lock.refreshed + 1] = id
+        lock.live[id] = true
+      end
       codes[#codes + 1] = 1
     else
       codes[#codes + 1] = 0
     end
   end
-  fl_keep(queue, alive, lease)
-  if fl_queue_free(hold) then
-    local head, evicted = fl_head(queue, alive, now)
-    if head and evicted > 0 then
-      fl_rw_announce(queue, alive, head, now, events, seq, mode, maxlen, lock_id)
-    end
-  end
   base = base + 4
+end
+for _, lock in ipairs(locks) do
+  if not lock.scored then
+    -- No waiter listed: a typed read of alive all the same (fl_keep sets its ttl).
+    redis.call('ZCARD', lock.alive)
+  end
+  if fl_queue_free(lock.hold) then
+    local head
+    head, lock.dead = fl_peek(lock.queue, lock.alive, now, 0, lock.live)
+    if head and #lock.dead > 0 then
+      lock.plan = fl_rw_plan(lock.queue, lock.alive, head, #lock.dead, now, events, seq, mode,
+        lock.live)
+    end
+  else
+    redis.call('LLEN', lock.queue)
+  end
+end
+for _, lock in ipairs(locks) do
+  local refreshed = lock.refreshed
+  -- One ZADD refreshes every waiter of the lock (at most 64 per call: Lua's stack).
+  for first = 1, #refreshed, 64 do
+    local members = {}
+    for k = first, math.min(first + 63, #refreshed) do
+      members[#members + 1] = now + lease
+      members[#members + 1] = refreshed[k]
+    end
+    redis.call('ZADD', lock.alive, unpack(members))
+  end
+  fl_keep(lock.queue, lock.alive, lease)
+  fl_drop(lock.queue, lock.alive, #lock.dead, lock.dead)
+  if lock.plan then
+    fl_rw_announce(lock.plan, events, seq, mode, maxlen, lock.lock_id)
+  end
 end
 return codes

@@ -34,39 +34,59 @@ local hold, readers, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[6], K
 local owner, lease, op, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, side = tonumber(ARGV[5]), ARGV[9]
 local tomb, fence_arg = tonumber(ARGV[10]), ARGV[11]
-fl_expect(hold, 'hash')
-fl_expect(readers, 'zset')
-fl_expect(queue, 'list')
-fl_expect(alive, 'zset')
+
+-- Reads first (lib/rw.lua): the fence (GET), the hash (HMGET), then what the path needs. The
+-- one key whose first access may be a write is the queue of a waiter kept out before it looked
+-- at the queue (by a live writer, or by live readers): its RPUSH is then the script's first
+-- write (else a typed read of the queue comes first, below).
 local last, refusal = fl_fence_read(fence, fence_arg)
 if not last then
   return redis.error_reply(refusal)
 end
+local f = fl_rw_read(hold, owner)
 local now = fl_now()
-local writer, reader_count = fl_rw_purge(hold, readers, now)
 
-local function granted(token, count)
-  redis.call('HSET', hold, 'op:' .. owner, op)
-  fl_rw_keep(hold, readers, now, tomb)
-  return {1, token, count}
+-- Another owner's live write hold decides alone (no reader holds besides it, so the readers
+-- ZSET has nothing to say, and its expired entries can wait for the next purge).
+local purge
+if not (f.w and f.w ~= owner and tonumber(f.we) > now and not f.rc) then
+  purge = fl_rw_purge(hold, readers, f, owner, now)
 end
+local writer = f.w
+local reading = purge and purge.any
 
-local function write_reply()
-  return {1, tonumber(redis.call('HGET', hold, 'wf')), tonumber(redis.call('HGET', hold, 'wc'))}
-end
-
-local function read_reply()
-  return {1, tonumber(redis.call('HGET', hold, 'rt:' .. owner)),
-    tonumber(redis.call('HGET', hold, 'rc:' .. owner))}
-end
-
-if redis.call('HGET', hold, 'op:' .. owner) == op then
-  if side == 'write' then
-    return write_reply()
+-- The writes begin here: first the purge of expired holds (read above).
+local function begin_writes()
+  if purge then
+    fl_rw_apply(hold, readers, purge, now)
+    purge = nil
   end
-  return read_reply()
 end
 
+if f.op == op then
+  begin_writes()
+  if side == 'write' then
+    return {1, tonumber(f.wf), tonumber(f.wc)}
+  end
+  return {1, tonumber(f.rt), tonumber(f.rc)}
+end
+
+-- Queue entries to drop: the dead waiters ahead of the head (a writer's attempt), or the dead
+-- writers queued ahead of this reader (a reader's), found while reading the queue.
+local dead, looked = {}, false
+local function drop_dead()
+  if side == 'write' then
+    fl_drop(queue, alive, #dead, dead)
+    return
+  end
+  for _, entry in ipairs(dead) do
+    redis.call('LREM', queue, 1, entry)
+  end
+  fl_drop(queue, alive, 0, dead)
+end
+
+-- A read hold for owner, with `token` (the write hold's, for a downgrade) or the shard's last
+-- token. Writes only.
 local function take_read(token)
   if not token and last > 0 then
     token = fl_fence_text(last)
@@ -74,77 +94,112 @@ local function take_read(token)
     -- The shard's fence key was missing (and may be created): the read issues a token.
     token = fl_fence_next(fence, fence_arg, last)
   end
-  redis.call('HSET', hold, 'rc:' .. owner, 1, 'rt:' .. owner, token)
+  redis.call('HSET', hold, 'rc:' .. owner, 1, 'rt:' .. owner, token, 'op:' .. owner, op)
   redis.call('ZADD', readers, now + lease, owner)
-  return granted(tonumber(token), 1)
-end
-
--- May a reader with waiter id `id` go? Only if no live writer is queued ahead of it.
-local function reader_may_go()
-  local entries = redis.call('LRANGE', queue, 0, -1)
-  for _, entry in ipairs(entries) do
-    if entry == id then
-      return true
-    end
-    if string.sub(entry, 1, 1) == 'w' then
-      local expiry = redis.call('ZSCORE', alive, entry)
-      if expiry and tonumber(expiry) > now then
-        return false
-      end
-      redis.call('LREM', queue, 1, entry)
-      redis.call('ZREM', alive, entry)
-    end
-  end
-  return true
+  fl_rw_keep(hold, readers, now, tomb, f.we, reading or now + lease)
+  return {1, tonumber(token), 1}
 end
 
 if side == 'write' then
   if writer == owner then
-    local count = redis.call('HINCRBY', hold, 'wc', 1)
-    if tonumber(redis.call('HGET', hold, 'we')) < now + lease then
-      redis.call('HSET', hold, 'we', now + lease)
+    begin_writes()
+    local count = tonumber(f.wc) + 1
+    if tonumber(f.we) < now + lease then
+      f.we = now + lease
+      redis.call('HSET', hold, 'wc', count, 'we', f.we, 'op:' .. owner, op)
+    else
+      redis.call('HSET', hold, 'wc', count, 'op:' .. owner, op)
     end
-    return granted(tonumber(redis.call('HGET', hold, 'wf')), count)
+    fl_rw_keep(hold, readers, now, tomb, f.we, reading)
+    return {1, tonumber(f.wf), count}
   end
-  if redis.call('HEXISTS', hold, 'rc:' .. owner) == 1 then
+  if f.rc then
+    begin_writes()
     return {-2}
   end
-  if not writer and reader_count == 0 then
-    local head = fl_head(queue, alive, now)
+  if not writer and not reading then
+    local head
+    head, dead = fl_peek(queue, alive, now, 0)
+    looked = true
     if not head or head == id then
       if head then
-        fl_dequeue(queue, alive, id)
+        dead[#dead + 1] = head
       end
+      begin_writes()
+      drop_dead()
       local token = fl_fence_next(fence, fence_arg, last)
-      redis.call('HSET', hold, 'w', owner, 'wc', 1, 'wf', token, 'we', now + lease)
-      return granted(tonumber(token), 1)
+      redis.call('HSET', hold, 'w', owner, 'wc', 1, 'wf', token, 'we', now + lease,
+        'op:' .. owner, op)
+      fl_rw_keep(hold, readers, now, tomb, now + lease, false)
+      return {1, tonumber(token), 1}
     end
   end
 else
-  if redis.call('HEXISTS', hold, 'rc:' .. owner) == 1 then
-    local count = redis.call('HINCRBY', hold, 'rc:' .. owner, 1)
-    if tonumber(redis.call('ZSCORE', readers, owner)) < now + lease then
+  if f.rc then
+    local mine = tonumber(redis.call('ZSCORE', readers, owner))
+    begin_writes()
+    local count = tonumber(f.rc) + 1
+    redis.call('HSET', hold, 'rc:' .. owner, count, 'op:' .. owner, op)
+    if mine < now + lease then
       redis.call('ZADD', readers, now + lease, owner)
     end
-    return granted(tonumber(redis.call('HGET', hold, 'rt:' .. owner)), count)
+    fl_rw_keep(hold, readers, now, tomb, f.we, true)
+    return {1, tonumber(f.rt), count}
   end
   if writer == owner then
-    return take_read(redis.call('HGET', hold, 'wf'))
+    begin_writes()
+    return take_read(f.wf)
   end
-  if not writer and reader_may_go() then
-    fl_leave(queue, alive, id)
-    return take_read(nil)
+  if not writer then
+    -- Only if no live writer is queued ahead of it (dead ones met on the way are dropped).
+    local may_go, queued
+    may_go, dead, queued = fl_rw_may_go(queue, alive, id, now)
+    looked = true
+    if may_go then
+      -- It leaves the queue, if it was there.
+      local lease_end = queued and redis.call('ZSCORE', alive, id)
+      begin_writes()
+      drop_dead()
+      if queued then
+        redis.call('LREM', queue, 1, id)
+      end
+      if lease_end then
+        redis.call('ZREM', alive, id)
+      end
+      return take_read(nil)
+    end
   end
 end
 
+-- It waits: it queues (unless it only tries), behind the live head or writer it met.
+local queued = false
 if waiter_lease > 0 then
-  fl_enqueue(queue, alive, id, now, waiter_lease)
+  queued = redis.call('ZSCORE', alive, id)
+  for _, entry in ipairs(dead) do
+    if entry == id then
+      -- Its own entry is dropped as dead: it queues again, at the tail.
+      queued = false
+    end
+  end
+  if not looked and (queued or (purge and fl_rw_purging(purge))) then
+    -- Its RPUSH is not the script's first write: a typed read of the queue first.
+    redis.call('LLEN', queue)
+  end
+end
+local top
+if not writer and side == 'write' and reading then
+  top = tonumber(redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')[2])
+end
+begin_writes()
+drop_dead()
+if waiter_lease > 0 then
+  fl_enqueue(queue, alive, id, now, waiter_lease, queued)
 end
 local wait
 if writer then
-  wait = tonumber(redis.call('HGET', hold, 'we')) - now
-elseif side == 'write' and reader_count > 0 then
-  wait = tonumber(redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')[2]) - now
+  wait = tonumber(f.we) - now
+elseif side == 'write' and reading then
+  wait = top - now
 else
   wait = math.max(waiter_lease, 1000)
 end

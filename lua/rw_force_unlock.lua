@@ -9,21 +9,23 @@
 -- ARGV[6] mode, ARGV[7] maxlen, ARGV[8] lock-id   the event arguments (see lib/notify.lua)
 --
 -- When a hold was removed and waiters are queued, emits one event like rw_release.lua: `name`
--- for a writer at the head, `chain` with the admitted readers for a reader (fl_rw_wake).
+-- for a writer at the head, `chain` with the admitted readers for a reader (fl_rw_next).
 -- Returns {1} when any hold was removed, {0} when the lock was free.
 local hold, readers, events, seq = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
 local queue, alive = KEYS[6], KEYS[7]
 local mode, maxlen, lock_id = ARGV[6], ARGV[7], ARGV[8]
-fl_expect(hold, 'hash')
-fl_expect(readers, 'zset')
-fl_expect(queue, 'list')
-fl_expect_events(events, seq, mode)
-fl_expect(alive, 'zset')
-local removed = redis.call('DEL', hold, readers)
-if removed > 0 then
-  fl_rw_wake(queue, alive, fl_now(), events, seq, mode, maxlen, lock_id)
+-- Reads first (lib/rw.lua): HGET and ZCARD are typed reads, and DEL (which takes any type)
+-- comes after them. The queue and the shard's keys are read, and written, only when a hold
+-- is removed.
+redis.call('HGET', hold, 'w')
+redis.call('ZCARD', readers)
+if redis.call('EXISTS', hold, readers) == 0 then
+  return {0}
 end
-if removed > 0 then
-  return {1}
+local dead, plan = fl_rw_next(queue, alive, fl_now(), 0, events, seq, mode)
+redis.call('DEL', hold, readers)
+fl_drop(queue, alive, #dead, dead)
+if plan then
+  fl_rw_announce(plan, events, seq, mode, maxlen, lock_id)
 end
-return {0}
+return {1}

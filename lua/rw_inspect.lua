@@ -7,15 +7,14 @@
 -- Returns {write held (0|1), write hold count, write fencing token (0 when free),
 --          live reader owners, ms until the last live hold ends (-2 when free)}.
 local hold, readers = KEYS[1], KEYS[2]
-fl_expect(hold, 'hash')
-fl_expect(readers, 'zset')
+-- Typed reads only (HMGET, ZCOUNT, ZRANGE): a foreign value fails with WRONGTYPE.
+local v = redis.call('HMGET', hold, 'w', 'we', 'wc', 'wf')
 local now = fl_now()
-local writer = redis.call('HGET', hold, 'w')
-local we = tonumber(redis.call('HGET', hold, 'we') or 0)
+local writer, we = v[1], tonumber(v[2] or 0)
 local last = -2
 local held, count, token = 0, 0, 0
 if writer and we > now then
-  held, count, token = 1, tonumber(redis.call('HGET', hold, 'wc')), tonumber(redis.call('HGET', hold, 'wf'))
+  held, count, token = 1, tonumber(v[3]), tonumber(v[4])
   last = we - now
 end
 local reader_count = redis.call('ZCOUNT', readers, '(' .. now, '+inf')

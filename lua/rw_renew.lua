@@ -11,33 +11,46 @@
 -- Returns one code per hold: 1 renewed (with lease 0: held), 0 gone (expired or deleted), -2 the owner holds it
 -- under another token (this hold was lost meanwhile). A read hold never blocks renewing another
 -- reader's hold, and renewing one never extends another.
-for i = 1, #KEYS, 2 do
-  fl_expect(KEYS[i], 'hash')
-  fl_expect(KEYS[i + 1], 'zset')
-end
 local lease = tonumber(ARGV[1])
 local now = fl_now()
+-- Reads first, for every hold (lib/rw.lua): its lock's hash (HMGET) and, unless it is a live
+-- write hold of an owner that does not read too (no other hold can be live beside it), its
+-- readers ZSET.
+local holds = {}
+for i = 1, #KEYS / 2 do
+  local hold, readers = KEYS[2 * i - 1], KEYS[2 * i]
+  local owner = ARGV[3 * i]
+  local f = fl_rw_read(hold, owner)
+  local purge
+  if not (ARGV[3 * i - 1] == 'write' and f.w == owner and tonumber(f.we) > now and not f.rc) then
+    purge = fl_rw_purge(hold, readers, f, owner, now)
+  end
+  holds[i] = {f = f, purge = purge}
+end
 local codes = {}
 for i = 1, #KEYS / 2 do
   local hold, readers = KEYS[2 * i - 1], KEYS[2 * i]
   local side, owner, token = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
-  local writer = fl_rw_purge(hold, readers, now)
+  local f, purge = holds[i].f, holds[i].purge
+  if purge then
+    fl_rw_apply(hold, readers, purge, now)
+  end
   if side == 'write' then
-    if writer ~= owner then
+    if f.w ~= owner then
       codes[i] = 0
-    elseif redis.call('HGET', hold, 'wf') ~= token then
+    elseif f.wf ~= token then
       codes[i] = -2
     else
       if lease > 0 then
-        redis.call('HSET', hold, 'we', now + lease)
+        f.we = now + lease
+        redis.call('HSET', hold, 'we', f.we)
       end
       codes[i] = 1
     end
   else
-    local held = redis.call('HGET', hold, 'rt:' .. owner)
-    if not held then
+    if not f.rt then
       codes[i] = 0
-    elseif held ~= token then
+    elseif f.rt ~= token then
       codes[i] = -2
     else
       if lease > 0 then
@@ -47,7 +60,7 @@ for i = 1, #KEYS / 2 do
     end
   end
   if codes[i] == 1 and lease > 0 then
-    fl_rw_keep(hold, readers, now, lease)
+    fl_rw_keep(hold, readers, now, lease, f.w and f.we, purge and purge.any)
   end
 end
 return codes

@@ -19,7 +19,8 @@
 //! previous token far ahead of the clock ([`Lua::push_ahead`]) to expect exactly previous + 1.
 
 //!
-//! Modules: [`lua`] (the harness), [`hold`], [`grants`], [`checks`].
+//! Modules: [`lua`] (the harness), [`hold`], [`grants`], [`checks`], [`rw`] (the read-write
+//! lock's scripts).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -28,3 +29,4 @@ mod checks;
 mod grants;
 mod hold;
 mod lua;
+mod rw;
