@@ -12,6 +12,8 @@
 
 mod support;
 
+use std::fmt::Debug;
+use std::future::Future;
 use std::time::Duration;
 
 use fredlock::{Config, LockClient, MutexGuard, NotificationMode, Owner, Result};
@@ -45,9 +47,9 @@ async fn joined<T>(what: &str, task: JoinHandle<T>) -> T {
 }
 
 /// Polls `fut` once: it must still be pending (it waits for Redis, or for the lock).
-async fn poll_once<F: std::future::Future + Unpin>(what: &str, fut: &mut F)
+async fn poll_once<F: Future + Unpin>(what: &str, fut: &mut F)
 where
-    F::Output: std::fmt::Debug,
+    F::Output: Debug,
 {
     tokio::select! {
         biased;
@@ -80,21 +82,19 @@ struct Contended {
     a_owner: Owner,
     b_owner: Owner,
     hold_key: String,
-    /// A's hold, granted by C's release.
-    a_guard: MutexGuard,
-    /// B's `lock()`, queued in Redis behind A's hold.
-    b_task: JoinHandle<Result<MutexGuard>>,
 }
 
 impl Contended {
     /// Client C takes the lock; A's waiter queues, then B's; C unlocks, which grants the lock
     /// to A (the queue's head) with B still queued. `a_config` adjusts A's configuration.
+    /// Returns the scene, A's hold (granted by C's release) and B's `lock()` (queued in Redis
+    /// behind A's hold).
     async fn set_up(
         server: &RedisServer,
         test: &str,
         mode: NotificationMode,
         a_config: impl FnOnce(&mut Config),
-    ) -> Contended {
+    ) -> (Contended, MutexGuard, JoinHandle<Result<MutexGuard>>) {
         let mut config_a = config(server, test, mode);
         a_config(&mut config_a);
         let a = connect(config_a).await;
@@ -128,20 +128,84 @@ impl Contended {
         );
         assert!(!b_task.is_finished(), "{mode:?}");
         shutdown(&c).await;
-        Contended {
+        let scene = Contended {
             a,
             b,
             a_owner,
             b_owner,
             hold_key,
-            a_guard,
-            b_task,
-        }
+        };
+        (scene, a_guard, b_task)
     }
 
     fn a_mutex(&self) -> fredlock::Mutex {
         self.a.mutex(NAME).unwrap().with_owner(&self.a_owner)
     }
+
+    /// Unlocks A's hold and checks that its release was deferred: unlock() returned with the
+    /// release parked in A's client. Returns the hold's fencing token.
+    async fn unlock_a_deferred(&self, a_guard: MutexGuard, mode: NotificationMode) -> u64 {
+        let token = a_guard.fencing_token();
+        a_guard.unlock().await.unwrap();
+        assert_eq!(self.a.stats().deferred_releases, 1, "{mode:?}");
+        token
+    }
+
+    /// Polls A's `relock` once and checks that it took A's parked release over: the release
+    /// call, naming this acquisition the successor, is on its way, and `relock` still waits.
+    async fn take_over_runs<F>(&self, relock: &mut F, mode: NotificationMode)
+    where
+        F: Future + Unpin,
+        F::Output: Debug,
+    {
+        poll_once("A's lock()", relock).await;
+        assert_eq!(
+            self.a.stats().deferred_releases,
+            0,
+            "{mode:?}: the take-over ran"
+        );
+    }
+
+    /// Waits for B's `lock()` and checks that B holds the lock now, granted by a release (B's
+    /// first grant) after the hold whose fencing token is `after`. Returns B's hold.
+    async fn b_is_granted(
+        &self,
+        server: &RedisServer,
+        b_task: JoinHandle<Result<MutexGuard>>,
+        after: u64,
+        mode: NotificationMode,
+    ) -> MutexGuard {
+        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
+        assert!(b_guard.fencing_token() > after, "{mode:?}");
+        assert_eq!(self.b.stats().granted, 1, "{mode:?}");
+        assert_eq!(
+            hold_owner(server, &self.hold_key).as_deref(),
+            Some(self.b_owner.id()),
+            "{mode:?}"
+        );
+        b_guard
+    }
+}
+
+/// Waits for B's `lock()` while A's `relock` waits too; panics if A's returns first (`when`
+/// says why it must not). Returns B's hold.
+async fn b_is_served_first<F>(
+    b_task: &mut JoinHandle<Result<MutexGuard>>,
+    relock: &mut F,
+    mode: NotificationMode,
+    when: &str,
+) -> MutexGuard
+where
+    F: Future + Unpin,
+    F::Output: Debug,
+{
+    bounded("B is served", async {
+        tokio::select! {
+            b = b_task => b.expect("B's task").expect("B's lock()"),
+            a = relock => panic!("{mode:?}: A's lock() returned {when}: {a:?}"),
+        }
+    })
+    .await
 }
 
 /// A's config for the take-over tests: a bound that B's wait cannot reach, whatever the load.
@@ -154,34 +218,23 @@ async fn a_contended_release_is_taken_over_by_the_next_lock_of_its_client() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let scene = Contended::set_up(&server, "takeover", mode, patient).await;
+        let (scene, a_guard, b_task) = Contended::set_up(&server, "takeover", mode, patient).await;
         let mutex = scene.a_mutex();
-        let Contended {
-            a,
-            b,
-            a_owner,
-            b_owner,
-            hold_key,
-            a_guard,
-            b_task,
-        } = scene;
-        let first = a_guard.fencing_token();
 
         // The release is parked: unlock() returns without a round trip, and A still holds the
         // lock in Redis.
-        a_guard.unlock().await.unwrap();
-        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+        let first = scene.unlock_a_deferred(a_guard, mode).await;
         assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(a_owner.id()),
+            hold_owner(&server, &scene.hold_key).as_deref(),
+            Some(scene.a_owner.id()),
             "{mode:?}"
         );
 
         // The next lock() of the same client takes it over: one release call naming it the
         // successor, no acquire attempt.
-        let before = a.stats();
+        let before = scene.a.stats();
         let second = bounded("take-over", mutex.lock()).await.unwrap();
-        let after = a.stats();
+        let after = scene.a.stats();
         assert_eq!(after.taken_over, before.taken_over + 1, "{mode:?}");
         assert_eq!(after.attempts, before.attempts, "{mode:?}");
         assert_eq!(after.deferred_releases, 0, "{mode:?}");
@@ -189,35 +242,34 @@ async fn a_contended_release_is_taken_over_by_the_next_lock_of_its_client() {
         let second_token = second.fencing_token();
         assert!(second_token > first, "{mode:?}");
         assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(a_owner.id()),
+            hold_owner(&server, &scene.hold_key).as_deref(),
+            Some(scene.a_owner.id()),
             "{mode:?}"
         );
-        assert_eq!(queued_waiters(&server, &hold_key).len(), 1, "{mode:?}");
+        assert_eq!(
+            queued_waiters(&server, &scene.hold_key).len(),
+            1,
+            "{mode:?}"
+        );
         assert!(!b_task.is_finished(), "{mode:?}: B still waits");
-        assert_eq!(b.stats().waiting, 1, "{mode:?}");
+        assert_eq!(scene.b.stats().waiting, 1, "{mode:?}");
 
         // The taken-over hold is contended too (B stays queued behind it): its release is
         // parked, nobody takes it, and the background release grants the lock to B.
         second.unlock().await.unwrap();
-        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
-        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
-        assert!(b_guard.fencing_token() > second_token, "{mode:?}");
-        assert_eq!(b.stats().granted, 1, "{mode:?}");
-        let stats = a.stats();
+        assert_eq!(scene.a.stats().deferred_releases, 1, "{mode:?}");
+        let b_guard = scene
+            .b_is_granted(&server, b_task, second_token, mode)
+            .await;
+        let stats = scene.a.stats();
         assert_eq!(stats.deferred_releases, 0, "{mode:?}");
         assert_eq!(stats.taken_over, before.taken_over + 1, "{mode:?}");
         assert_eq!(stats.held, 0, "{mode:?}");
-        assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(b_owner.id()),
-            "{mode:?}"
-        );
 
         b_guard.unlock().await.unwrap();
-        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
-        shutdown(&a).await;
-        shutdown(&b).await;
+        assert_eq!(hold_owner(&server, &scene.hold_key), None, "{mode:?}");
+        shutdown(&scene.a).await;
+        shutdown(&scene.b).await;
     }
 }
 
@@ -227,37 +279,22 @@ async fn a_deferred_release_nobody_takes_goes_to_the_queue() {
     let server = RedisServer::start();
     for mode in MODES {
         // The default handover_limit: the background release names no successor anyway.
-        let Contended {
-            a,
-            b,
-            b_owner,
-            hold_key,
-            a_guard,
-            b_task,
-            ..
-        } = Contended::set_up(&server, "untaken", mode, |_| {}).await;
+        let (scene, a_guard, b_task) = Contended::set_up(&server, "untaken", mode, |_| {}).await;
         let first = a_guard.fencing_token();
         a_guard.unlock().await.unwrap();
 
-        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
-        assert!(b_guard.fencing_token() > first, "{mode:?}");
-        assert_eq!(b.stats().granted, 1, "{mode:?}");
-        assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(b_owner.id()),
-            "{mode:?}"
-        );
+        let b_guard = scene.b_is_granted(&server, b_task, first, mode).await;
         eventually("A's deferred release is done", || {
-            a.stats().deferred_releases == 0
+            scene.a.stats().deferred_releases == 0
         })
         .await;
-        let stats = a.stats();
+        let stats = scene.a.stats();
         assert_eq!((stats.taken_over, stats.held), (0, 0), "{mode:?}");
 
         b_guard.unlock().await.unwrap();
-        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
-        shutdown(&a).await;
-        shutdown(&b).await;
+        assert_eq!(hold_owner(&server, &scene.hold_key), None, "{mode:?}");
+        shutdown(&scene.a).await;
+        shutdown(&scene.b).await;
     }
 }
 
@@ -324,51 +361,29 @@ async fn a_waiter_past_the_limit_is_served_before_a_take_over() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let scene = Contended::set_up(&server, "limit", mode, |config| {
+        let (scene, a_guard, mut b_task) = Contended::set_up(&server, "limit", mode, |config| {
             config.handover_limit = Duration::from_millis(1);
         })
         .await;
         let mutex = scene.a_mutex();
-        let Contended {
-            a,
-            b,
-            a_owner,
-            b_owner,
-            hold_key,
-            a_guard,
-            mut b_task,
-        } = scene;
         // Not a measurement: time only moves forward, so B (queued before A's hold began) has
         // waited past A's 1 ms bound after this.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let first = a_guard.fencing_token();
-        a_guard.unlock().await.unwrap();
-        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+        let first = scene.unlock_a_deferred(a_guard, mode).await;
 
         // A's lock() takes the parked hold and sends its release naming itself the successor;
         // the script passes it over for B, the queue's head, which waited past the bound.
-        let before = a.stats();
+        let before = scene.a.stats();
         let mut relock = Box::pin(mutex.lock());
-        poll_once("A's lock()", &mut relock).await;
-        assert_eq!(
-            a.stats().deferred_releases,
-            0,
-            "{mode:?}: the take-over ran"
-        );
-        let b_guard = bounded("B is served", async {
-            tokio::select! {
-                b = &mut b_task => b.expect("B's task").expect("B's lock()"),
-                a = &mut relock => panic!("{mode:?}: A's lock() returned before B, which \
-                    waited past the bound: {a:?}"),
-            }
-        })
-        .await;
+        scene.take_over_runs(&mut relock, mode).await;
+        let past_bound = "before B, which waited past the bound";
+        let b_guard = b_is_served_first(&mut b_task, &mut relock, mode, past_bound).await;
         assert!(b_guard.fencing_token() > first, "{mode:?}");
-        assert_eq!(b.stats().granted, 1, "{mode:?}");
-        assert_eq!(a.stats().taken_over, before.taken_over, "{mode:?}");
+        assert_eq!(scene.b.stats().granted, 1, "{mode:?}");
+        assert_eq!(scene.a.stats().taken_over, before.taken_over, "{mode:?}");
         assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(b_owner.id()),
+            hold_owner(&server, &scene.hold_key).as_deref(),
+            Some(scene.b_owner.id()),
             "{mode:?}"
         );
 
@@ -379,17 +394,17 @@ async fn a_waiter_past_the_limit_is_served_before_a_take_over() {
         let second = bounded("A's lock()", relock).await.unwrap();
         assert!(second.fencing_token() > b_token, "{mode:?}");
         assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(a_owner.id()),
+            hold_owner(&server, &scene.hold_key).as_deref(),
+            Some(scene.a_owner.id()),
             "{mode:?}"
         );
-        let after = a.stats();
+        let after = scene.a.stats();
         assert_eq!(after.taken_over, before.taken_over, "{mode:?}");
         assert_eq!(after.attempts, before.attempts, "{mode:?}");
         assert_eq!(after.granted, before.granted + 1, "{mode:?}");
         second.unlock().await.unwrap();
-        shutdown(&a).await;
-        shutdown(&b).await;
+        shutdown(&scene.a).await;
+        shutdown(&scene.b).await;
     }
 }
 
@@ -398,33 +413,16 @@ async fn shutdown_releases_a_deferred_hold() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let Contended {
-            a,
-            b,
-            b_owner,
-            hold_key,
-            a_guard,
-            b_task,
-            ..
-        } = Contended::set_up(&server, "shutdown", mode, patient).await;
-        let first = a_guard.fencing_token();
-        a_guard.unlock().await.unwrap();
-        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+        let (scene, a_guard, b_task) = Contended::set_up(&server, "shutdown", mode, patient).await;
+        let first = scene.unlock_a_deferred(a_guard, mode).await;
         // On one thread the background release cannot run before shutdown takes the hold.
-        shutdown(&a).await;
-        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}");
+        shutdown(&scene.a).await;
+        assert_eq!(scene.a.stats().deferred_releases, 0, "{mode:?}");
 
-        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
-        assert!(b_guard.fencing_token() > first, "{mode:?}");
-        assert_eq!(b.stats().granted, 1, "{mode:?}");
-        assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(b_owner.id()),
-            "{mode:?}"
-        );
-        assert_eq!(a.stats().taken_over, 0, "{mode:?}");
+        let b_guard = scene.b_is_granted(&server, b_task, first, mode).await;
+        assert_eq!(scene.a.stats().taken_over, 0, "{mode:?}");
         b_guard.unlock().await.unwrap();
-        shutdown(&b).await;
+        shutdown(&scene.b).await;
     }
 }
 
@@ -433,45 +431,26 @@ async fn a_cancelled_take_over_leaves_nothing_behind() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let scene = Contended::set_up(&server, "cancel", mode, patient).await;
+        let (scene, a_guard, b_task) = Contended::set_up(&server, "cancel", mode, patient).await;
         let mutex = scene.a_mutex();
-        let Contended {
-            a,
-            b,
-            a_owner,
-            b_owner,
-            hold_key,
-            a_guard,
-            b_task,
-        } = scene;
-        let first = a_guard.fencing_token();
-        a_guard.unlock().await.unwrap();
-        assert_eq!(a.stats().deferred_releases, 1, "{mode:?}");
+        let first = scene.unlock_a_deferred(a_guard, mode).await;
 
         // The first poll takes the parked hold over (its release call, naming this acquisition
         // the successor, is on its way); then the acquisition goes away.
-        let before = a.stats();
+        let before = scene.a.stats();
         let mut relock = Box::pin(mutex.lock());
-        poll_once("A's lock()", &mut relock).await;
-        assert_eq!(
-            a.stats().deferred_releases,
-            0,
-            "{mode:?}: the take-over ran"
-        );
+        scene.take_over_runs(&mut relock, mode).await;
         drop(relock);
         eventually("the cancelled take-over is finished", || {
-            a.stats().orphaned_attempts == 0
+            scene.a.stats().orphaned_attempts == 0
         })
         .await;
 
         // Whatever the take-over was handed is released again: B is granted the lock.
-        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
-        assert!(b_guard.fencing_token() > first, "{mode:?}");
-        assert_eq!(b.stats().granted, 1, "{mode:?}");
-        let owner = hold_owner(&server, &hold_key);
-        assert_eq!(owner.as_deref(), Some(b_owner.id()), "{mode:?}");
-        assert_ne!(owner.as_deref(), Some(a_owner.id()), "{mode:?}");
-        let stats = a.stats();
+        let b_guard = scene.b_is_granted(&server, b_task, first, mode).await;
+        let owner = hold_owner(&server, &scene.hold_key);
+        assert_ne!(owner.as_deref(), Some(scene.a_owner.id()), "{mode:?}");
+        let stats = scene.a.stats();
         assert_eq!(stats.held, 0, "{mode:?}");
         assert_eq!(stats.waiting, 0, "{mode:?}");
         assert_eq!(stats.queued_in_redis, 0, "{mode:?}");
@@ -479,10 +458,13 @@ async fn a_cancelled_take_over_leaves_nothing_behind() {
         assert_eq!(stats.attempts, before.attempts, "{mode:?}");
 
         b_guard.unlock().await.unwrap();
-        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
-        assert!(queued_waiters(&server, &hold_key).is_empty(), "{mode:?}");
-        shutdown(&a).await;
-        shutdown(&b).await;
+        assert_eq!(hold_owner(&server, &scene.hold_key), None, "{mode:?}");
+        assert!(
+            queued_waiters(&server, &scene.hold_key).is_empty(),
+            "{mode:?}"
+        );
+        shutdown(&scene.a).await;
+        shutdown(&scene.b).await;
     }
 }
 
@@ -547,45 +529,30 @@ async fn handover_limit_zero_turns_the_shortcuts_off() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let scene = Contended::set_up(&server, "nolimit", mode, |config| {
+        let (scene, a_guard, mut b_task) = Contended::set_up(&server, "nolimit", mode, |config| {
             config.handover_limit = Duration::ZERO;
         })
         .await;
         let mutex = scene.a_mutex();
-        let Contended {
-            a,
-            b,
-            a_owner,
-            b_owner,
-            hold_key,
-            a_guard,
-            mut b_task,
-        } = scene;
 
         // No deferral: the contended release grants the lock to B before unlock() returns.
         let first = a_guard.fencing_token();
         a_guard.unlock().await.unwrap();
-        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}");
+        assert_eq!(scene.a.stats().deferred_releases, 0, "{mode:?}");
         assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(b_owner.id()),
+            hold_owner(&server, &scene.hold_key).as_deref(),
+            Some(scene.b_owner.id()),
             "{mode:?}"
         );
-        let before = a.stats();
+        let before = scene.a.stats();
         let mut relock = Box::pin(mutex.lock());
-        let b_guard = bounded("B is served", async {
-            tokio::select! {
-                b = &mut b_task => b.expect("B's task").expect("B's lock()"),
-                a = &mut relock => panic!("{mode:?}: A's lock() returned while B held: {a:?}"),
-            }
-        })
-        .await;
+        let b_guard = b_is_served_first(&mut b_task, &mut relock, mode, "while B held").await;
         assert!(b_guard.fencing_token() > first, "{mode:?}");
         let b_token = b_guard.fencing_token();
         b_guard.unlock().await.unwrap();
         let second = bounded("A's lock()", relock).await.unwrap();
         assert!(second.fencing_token() > b_token, "{mode:?}");
-        let after = a.stats();
+        let after = scene.a.stats();
         assert_eq!(after.taken_over, 0, "{mode:?}");
         assert!(after.attempts > before.attempts, "{mode:?}");
         second.unlock().await.unwrap();
@@ -593,20 +560,20 @@ async fn handover_limit_zero_turns_the_shortcuts_off() {
         // No local waiting: a second task of the holding client asks Redis and queues there,
         // and the release grants it the lock through the client's inbox, no hand-over.
         let holder = bounded("task 1 locks", mutex.lock()).await.unwrap();
-        let before = a.stats();
-        let other = a.mutex(NAME).unwrap().with_owner(&Owner::new());
-        let waiter = queue_lock(&server, &hold_key, other, 1).await;
-        assert!(a.stats().attempts > before.attempts, "{mode:?}");
+        let before = scene.a.stats();
+        let other = scene.a.mutex(NAME).unwrap().with_owner(&Owner::new());
+        let waiter = queue_lock(&server, &scene.hold_key, other, 1).await;
+        assert!(scene.a.stats().attempts > before.attempts, "{mode:?}");
         assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(a_owner.id()),
+            hold_owner(&server, &scene.hold_key).as_deref(),
+            Some(scene.a_owner.id()),
             "{mode:?}"
         );
         let token = holder.fencing_token();
         holder.unlock().await.unwrap();
         let guard = joined("task 2 is granted the lock", waiter).await.unwrap();
         assert!(guard.fencing_token() > token, "{mode:?}");
-        let after = a.stats();
+        let after = scene.a.stats();
         assert_eq!(after.handed_over, 0, "{mode:?}");
         assert_eq!(after.granted, before.granted + 1, "{mode:?}");
         assert_eq!(
@@ -615,8 +582,8 @@ async fn handover_limit_zero_turns_the_shortcuts_off() {
             "{mode:?}"
         );
         guard.unlock().await.unwrap();
-        shutdown(&a).await;
-        shutdown(&b).await;
+        shutdown(&scene.a).await;
+        shutdown(&scene.b).await;
     }
 }
 
@@ -629,25 +596,17 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let scene = Contended::set_up(&server, "localturn", mode, |config| {
+        let (scene, a_guard, b_task) = Contended::set_up(&server, "localturn", mode, |config| {
             config.handover_limit = Duration::from_millis(1);
             // A's hold, granted, lasts min(lease, waiter_lease): 120 s.
             config.watchdog_lease = Duration::from_secs(120);
             config.waiter_lease = Duration::from_secs(120);
         })
         .await;
-        let Contended {
-            a,
-            b,
-            hold_key,
-            a_guard,
-            b_task,
-            ..
-        } = scene;
-        let attempts = a.stats().attempts;
+        let attempts = scene.a.stats().attempts;
         let locals: Vec<JoinHandle<Result<u64>>> = (0..2)
             .map(|_| {
-                let mutex = a.mutex(NAME).unwrap();
+                let mutex = scene.a.mutex(NAME).unwrap();
                 tokio::spawn(async move {
                     let guard = mutex.lock().await?;
                     let token = guard.fencing_token();
@@ -656,13 +615,17 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
                 })
             })
             .collect();
-        eventually("both wait on A's hold", || a.stats().waiting == 2).await;
+        eventually("both wait on A's hold", || scene.a.stats().waiting == 2).await;
         assert_eq!(
-            a.stats().attempts,
+            scene.a.stats().attempts,
             attempts,
             "{mode:?}: no call of their own"
         );
-        assert_eq!(queued_waiters(&server, &hold_key).len(), 1, "{mode:?}");
+        assert_eq!(
+            queued_waiters(&server, &scene.hold_key).len(),
+            1,
+            "{mode:?}"
+        );
         // Not a measurement: time only moves forward, so B has waited past A's 1 ms bound.
         tokio::time::sleep(Duration::from_millis(20)).await;
         let a_token = a_guard.fencing_token();
@@ -672,7 +635,7 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
         assert!(b_guard.fencing_token() > a_token, "{mode:?}");
         // Both were woken by A's release, asked Redis and queued behind B's hold.
         eventually_async("both local waiters queue in Redis", || async {
-            queued_waiters(&server, &hold_key).len() == 2
+            queued_waiters(&server, &scene.hold_key).len() == 2
         })
         .await;
         let b_token = b_guard.fencing_token();
@@ -681,7 +644,7 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
             let token = joined("A's waiting task", local).await.unwrap();
             assert!(token > b_token, "{mode:?}: after B");
         }
-        shutdown(&a).await;
-        shutdown(&b).await;
+        shutdown(&scene.a).await;
+        shutdown(&scene.b).await;
     }
 }
