@@ -44,7 +44,7 @@ if not last then
   return redis.error_reply(refusal)
 end
 local f = fl_rw_read(hold, owner)
-local now = fl_now()
+local now, now_us = fl_now()
 
 -- Another owner's live write hold decides alone (no reader holds besides it, so the readers
 -- ZSET has nothing to say, and its expired entries can wait for the next purge).
@@ -92,7 +92,7 @@ local function take_read(token)
     token = fl_fence_text(last)
   elseif not token then
     -- The shard's fence key was missing (and may be created): the read issues a token.
-    token = fl_fence_next(fence, fence_arg, last)
+    token = fl_fence_next(fence, fence_arg, last, now_us)
   end
   redis.call('HSET', hold, 'rc:' .. owner, 1, 'rt:' .. owner, token, 'op:' .. owner, op)
   redis.call('ZADD', readers, now + lease, owner)
@@ -127,7 +127,7 @@ if side == 'write' then
       end
       begin_writes()
       drop_dead()
-      local token = fl_fence_next(fence, fence_arg, last)
+      local token = fl_fence_next(fence, fence_arg, last, now_us)
       redis.call('HSET', hold, 'w', owner, 'wc', 1, 'wf', token, 'we', now + lease,
         'op:' .. owner, op)
       fl_rw_keep(hold, readers, now, tomb, now + lease, false)

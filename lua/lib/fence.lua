@@ -28,8 +28,10 @@
 --                                    refusal text. arg is the fence ARGV "<0|1><layout>" (1: the
 --                                    client has just checked the layout record). Reads only
 --                                    (GET is a typed read; a foreign string is WRONGTYPE).
--- fl_fence_next(fence, arg, last) -> the next token (max(last + 1, server us)) as a decimal
---                                    string; writes the key
+-- fl_fence_next(fence, arg, last, now_us) -> the next token (max(last + 1, server us)) as a
+--                                    decimal string (now_us: the server clock in us if the
+--                                    script read it already, else nil: read here);
+--                                    writes the key
 -- fl_fence_text(token)            -> a token number as a decimal string
 local function fl_fence_text(token)
   return string.format('%.0f', token)
@@ -54,9 +56,12 @@ local function fl_fence_read(fence, arg)
   return last
 end
 
-local function fl_fence_next(fence, arg, last)
-  local clock = redis.call('TIME')
-  local token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+local function fl_fence_next(fence, arg, last, now_us)
+  local token = now_us
+  if not token then
+    local clock = redis.call('TIME')
+    token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  end
   if token <= last then
     token = last + 1
   end

@@ -12,7 +12,7 @@
 -- ZSCORE, typed reads that fail with WRONGTYPE on a foreign value), and writes (fl_drop,
 -- fl_enqueue) only once every key it touches has been read (lib/check.lua).
 --
--- fl_now()                             -> the server clock in ms (TIME)
+-- fl_now()                             -> the server clock in ms, and in us (one TIME)
 -- fl_peek(queue, alive, now, from, live) -> the first live waiter id at or after queue position
 --                                         `from` (0: the head) or false, and the list of the
 --                                         dead waiter ids before it (waiter lease passed or
@@ -28,7 +28,8 @@
 --                                         refreshes its lease
 local function fl_now()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return math.floor(us / 1000), us
 end
 
 local function fl_peek(queue, alive, now, from, live)
