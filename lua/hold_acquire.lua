@@ -35,7 +35,7 @@ local hold, fence = KEYS[1], KEYS[3]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, inbox, stamp, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
 
-local fields = fl_hold_read(hold, waiter)
+local fields = fl_hold_read(hold)
 local current = fields[1]
 if current and waiter ~= '' and fields[8] == waiter then
   return {1, tonumber(fields[3]), tonumber(fields[2]), redis.call('PTTL', hold)}
@@ -43,7 +43,10 @@ end
 if current == owner then
   -- Another task of this owner holds it (a grant to a waiter of the same owner, say): this
   -- waiter re-enters, and must not stay queued for a grant it would never take up.
-  fl_queue_leave(hold, fields, waiter)
+  local queue, queued = fl_queue_without(fields[7], waiter)
+  if queued then
+    redis.call('HSET', hold, 'q', queue)
+  end
   return fl_reenter(hold, fields, owner, op, lease)
 end
 if not current then
@@ -51,13 +54,13 @@ if not current then
   if not token then
     return redis.error_reply(refusal)
   end
-  fl_hold_write(hold, fields, owner, token, lease, op, fields[6], '')
+  fl_hold_write(hold, owner, token, lease, op, fields[6], '', '')
   return {1, tonumber(token), 1}
 end
 
-if waiter_lease ~= 0 and not fields[11] then
+if waiter_lease ~= 0 and not fl_queue_find(fields[7], waiter) then
   local lasts = math.max(math.min(lease, waiter_lease), 0)
   local line = fl_queue_line(waiter, inbox, owner, lease, lasts, stamp ~= '1' and 0 or nil)
-  redis.call('HSET', hold, unpack(fl_queue_append({}, fields, waiter, line)))
+  redis.call('HSET', hold, 'q', (fields[7] or '') .. line)
 end
 return {0, tonumber(fields[4]) or lease, tonumber(fields[3])}

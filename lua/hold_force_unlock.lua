@@ -20,7 +20,7 @@ if not fields[1] then
   return {0}
 end
 local freed_by = fields[6] or ''
-if not fl_grant_next(hold, fields, freed_by, events, mode, lock_id) then
-  fl_free(hold, fields, 'force', freed_by, window)
+if not fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id) then
+  fl_free(hold, 'force', freed_by, window)
 end
 return {1}

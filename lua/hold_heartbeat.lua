@@ -1,5 +1,5 @@
 -- hold_heartbeat.lua: one client's check of its waiters queued on exclusive locks, batched per
--- hash slot. Read only (one HMGET per lock: the waiters' index fields of lib/hold.lua).
+-- hash slot. Read only. Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- A queued waiter sleeps until a grant or wakeup reaches it, or until the bound its last
 -- attempt was given (the holder's lease). Its place can vanish before either: a grant to a
@@ -17,20 +17,17 @@
 local codes = {}
 local arg = 1
 for _, hold in ipairs(KEYS) do
+  local fields = fl_hold_read(hold)
   local n = tonumber(ARGV[arg])
-  local probe = {'o', 'g'}
-  for i = 1, n do
-    probe[i + 2] = 'w' .. ARGV[arg + i]
-  end
-  local fields = redis.call('HMGET', hold, unpack(probe))
-  for i = 1, n do
-    local id = ARGV[arg + i]
-    if (fields[1] and fields[1] ~= '' and fields[2] == id) or fields[i + 2] then
+  arg = arg + 1
+  for _ = 1, n do
+    local id = ARGV[arg]
+    arg = arg + 1
+    if (fields[1] and fields[8] == id) or fl_queue_find(fields[7], id) then
       codes[#codes + 1] = 1
     else
       codes[#codes + 1] = 0
     end
   end
-  arg = arg + n + 1
 end
 return codes

@@ -17,7 +17,8 @@
 local hold, events = KEYS[1], KEYS[4]
 local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[8]
 
-local fields = fl_hold_read(hold, waiter)
+local fields = fl_hold_read(hold)
+local queue, queued = fl_queue_without(fields[7], waiter)
 if fields[1] and fields[8] == waiter then
   local count = tonumber(fields[2])
   if count > 1 then
@@ -27,13 +28,13 @@ if fields[1] and fields[8] == waiter then
     return {1}
   end
   local freed_by = fl_freed_chain(waiter, fields[6])
-  fl_queue_leave(hold, fields, waiter)
-  if not fl_grant_next(hold, fields, freed_by, events, mode, lock_id) then
-    fl_free(hold, fields, waiter, freed_by, window)
+  if not fl_grant_next(hold, fields, queue, freed_by, events, mode, lock_id) then
+    fl_free(hold, waiter, freed_by, window)
   end
   return {1}
 end
-if fl_queue_leave(hold, fields, waiter) then
+if queued then
+  redis.call('HSET', hold, 'q', queue)
   return {1}
 end
 return {0}

@@ -47,16 +47,16 @@ local successor, successor_waiter, successor_lease = ARGV[9], ARGV[10], tonumber
 local limit = tonumber(ARGV[12])
 local successor_inbox, successor_queues = ARGV[13] or '', ARGV[14] or ''
 
-local fields = fl_hold_read(hold, successor_waiter)
+local fields = fl_hold_read(hold)
 local current, count = fields[1], tonumber(fields[2])
 if fields[5] == op then
   return {1, count or 0}
 end
 if fl_chain_has(fields[6], op) then
   if successor_waiter ~= '' and fields[8] == successor_waiter then
-    return {1, 0, tonumber(fields[3]), fl_queued_flag(fields)}
+    return {1, 0, tonumber(fields[3]), fl_queued_flag(fields[7])}
   end
-  if current and successor_queues ~= '' and fields[11] then
+  if current and successor_queues ~= '' and fl_queue_find(fields[7], successor_waiter) then
     -- It granted the lock to the queue and queued the successor (a take-over), which waits.
     return {2, tonumber(fields[4]) or 0, tonumber(fields[3])}
   end
@@ -75,33 +75,32 @@ end
 
 local freed_by = fl_freed_chain(op, fields[6])
 
--- The successor takes the hold over, out of the queue if it was queued.
-local function hand_over(now)
-  if fields[11] then
-    redis.call('HDEL', hold, 'q' .. fields[11], 'w' .. successor_waiter)
-    fields[7] = fields[7] - 1
-  end
+-- The successor takes the hold over, with the queue left as it is (q nil) or as given.
+local function hand_over(q, now)
+  local queue, queued = fl_queue_without(q or fields[7], successor_waiter)
   local next_token = fl_token_after(tonumber(fields[3]), now)
-  fl_hold_write(hold, fields, successor, next_token, successor_lease, successor_waiter,
-    freed_by, successor_waiter)
-  return {1, 0, tonumber(next_token), fl_queued_flag(fields)}
+  if q == nil and not queued then
+    queue = nil
+  end
+  fl_hold_write(hold, successor, next_token, successor_lease, successor_waiter, freed_by,
+    queue, successor_waiter)
+  return {1, 0, tonumber(next_token), fl_queued_flag(queue or fields[7])}
 end
 
 local now
 if successor ~= '' then
   now = fl_now_us()
-  if not fl_queue_overdue(hold, fields, now, limit, successor_waiter) then
-    return hand_over(now)
+  if not fl_queue_overdue(fields[7], now, limit, successor_waiter) then
+    return hand_over(nil, now)
   end
 end
 -- A successor asking by this call (a take-over) queues behind the waiter granted the lock.
-local tail
-if successor ~= '' and successor_queues ~= '' and not fields[11] then
-  tail = {successor_waiter, fl_queue_line(successor_waiter, successor_inbox, successor,
-    successor_lease, math.max(math.min(successor_lease, tonumber(successor_queues)), 0), now)}
-end
-local granted, granted_token, granted_ms =
-  fl_grant_next(hold, fields, freed_by, events, mode, lock_id, now, tail)
+local joins = successor ~= '' and successor_queues ~= '' and
+  not fl_queue_find(fields[7], successor_waiter)
+local tail = joins and fl_queue_line(successor_waiter, successor_inbox, successor,
+  successor_lease, math.max(math.min(successor_lease, tonumber(successor_queues)), 0), now)
+local granted, _, granted_token, granted_ms =
+  fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id, now, tail)
 if granted then
   if successor ~= '' and successor_queues ~= '' then
     return {2, granted_ms, tonumber(granted_token)}
@@ -111,7 +110,7 @@ end
 if successor ~= '' then
   -- The queue had nobody left to grant (dead clients, waiters only woken): the successor
   -- takes the lock rather than leave it free.
-  return hand_over(now)
+  return hand_over('', now)
 end
-fl_free(hold, fields, op, freed_by, window)
+fl_free(hold, op, freed_by, window)
 return {1, 0}

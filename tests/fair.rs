@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use fredlock::{Config, Lease, LockClient, NotificationMode};
 use support::{
-    emit_result, hold_owner, hold_queue, init_tracing, is_worker, queued_waiters,
-    spawn_worker_handle, take_queue, worker_param, RedisServer, Resp, RespConn,
+    emit_result, hold_owner, init_tracing, is_worker, queued_waiters, spawn_worker_handle,
+    worker_param, RedisServer, Resp, RespConn,
 };
 use support::{eventually, parse_mode, HANG, MODES};
 
@@ -32,7 +32,11 @@ fn hold_key(prefix: &str, name: &str) -> String {
 
 /// The queue of fair lock `name`: (waiter id, inbox tag) per waiter, in queue order.
 fn queue_lines(server: &RedisServer, prefix: &str, name: &str) -> Vec<(String, String)> {
-    hold_queue(server, &hold_key(prefix, name))
+    let queue = server
+        .cmd(&["HGET", &hold_key(prefix, name), "q"])
+        .as_str()
+        .unwrap_or_default();
+    queue
         .lines()
         .map(|line| {
             let mut fields = line.split(' ');
@@ -193,11 +197,12 @@ async fn loop_worker(locks: &LockClient, _port: u16, proc_id: usize) {
                     .set("loop-counter", value.unwrap_or(0) + 1, None, None, false)
                     .await
                     .expect("SET");
-                // The queue as the holder sees it (the waiter ids of the queue lines of the
-                // lock's hash), for the FIFO check.
-                let fields: HashMap<String, String> = redis.hgetall(&hold).await.expect("HGETALL");
-                let queue = take_queue(&mut fields.into_iter().collect());
+                // The queue as the holder sees it (the waiter ids of field `q` of the lock's
+                // hash), for the FIFO check.
+                let queue: Option<String> = redis.hget(&hold, "q").await.expect("HGET");
                 let queue: Vec<&str> = queue
+                    .as_deref()
+                    .unwrap_or_default()
                     .lines()
                     .filter_map(|line| line.split(' ').next())
                     .collect();

@@ -264,15 +264,14 @@ pub async fn raw_command<R: fred::types::FromValue>(
 
 /// How many waiters are queued in an exclusive lock's hash.
 pub async fn queued(client: &Client, hold: &str) -> Result<u64, String> {
-    // Field `n` of the hash counts its queue lines (lua/lib/hold.lua).
-    let queued: Option<u64> = raw_command(
+    let queue: Option<String> = raw_command(
         client,
         "HGET",
         ClusterHash::FirstKey,
-        vec![hold.to_owned(), "n".to_owned()],
+        vec![hold.to_owned(), "q".to_owned()],
     )
     .await?;
-    Ok(queued.unwrap_or(0))
+    Ok(queue.map_or(0, |queue| queue.lines().count() as u64))
 }
 
 /// `CLIENT LIST`, one map of fields per connection.

@@ -14,21 +14,14 @@
 --      after another task of the same owner re-entered
 --   x  op ids of the releases that freed the lock lately, newest first, ","-joined, at most 64
 --      bytes (two op ids: more would take the hash out of Redis's compact listpack encoding)
---   h, t, n  the wait queue's bounds and size: its lines live in fields q<h> .. q<t - 1>
---      (with a hole where a waiter left), n of them (absent: 0)
---   q<seq>  one waiter's line: "<waiter id> <inbox tag> <owner id> <lease ms> <grant ms>
---      <since ms>" (ids never contain spaces: owner ids are printable ASCII without space,
---      waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter that is only woken,
---      never granted the lock (a Redlock round: it takes the lock on every instance itself);
---      since ms is the server clock when the waiter queued, which bounds how long a barging
---      mutex may pass it over (hold_release.lua); 0 in a fair lock's queue
---   w<waiter id>  the seq of that waiter's line: whether a waiter is queued is one field read
--- A line per field keeps every queue operation O(1) in the length of the queue: a join
--- writes one line, a grant reads and deletes the head's. (One string for the whole queue
--- made every grant copy it several times, and Redis's Lua hashes every byte of every string
--- a script creates.)
+--   q  the wait queue, one line per waiter: "<waiter id> <inbox tag> <owner id> <lease ms>
+--      <grant ms> <since ms>\n" (ids never contain spaces or newlines: owner ids are printable
+--      ASCII without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter
+--      that is only woken, never granted the lock (a Redlock round: it takes the lock on every
+--      instance itself); since ms is the server clock when the waiter queued, which bounds how
+--      long a barging mutex may pass it over (hold_release.lua); 0 in a fair lock's queue
 -- Every write sets the hash's ttl to the holder's lease; a lock freed with nobody queued stays
--- a tombstone {o = "", f, r, x, h, t, n = 0} for the retry window, so that a retried release (same op id,
+-- a tombstone {o = "", f, r, x} for the retry window, so that a retried release (same op id,
 -- re-sent by the client after a broken connection) is answered "released", and a take within
 -- the window continues the token. The queue lives in the hold: it expires with it (a holder
 -- that died takes the queue with it; its waiters look again when its lease ends, which is the
@@ -42,12 +35,9 @@
 -- the hash is older, the clock still puts the next token above every token the old primary
 -- issued (docs/design.md, fencing).
 --
--- fl_hold_read(hold, waiter)        -> the fields {o, c, f, l, r, x, n, g, h, t, seq}, with
---                                      o = false when free, n, h and t numbers (0 when
---                                      absent) and seq the line number of `waiter` (nil when
---                                      it is not queued, or waiter is nil or ""). HMGET: a
---                                      typed read, so a foreign value under the hold key fails
---                                      with WRONGTYPE before any write
+-- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g}, with o = false when
+--                                      free (HMGET: a typed read, so a foreign value under the
+--                                      hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
 -- fl_chain_has(x, op)              -> whether op is one of the ids of the freed chain x
 -- fl_now_us()                      -> the server clock in us (TIME)
@@ -55,48 +45,35 @@
 -- fl_clock_after(last)             -> fl_token_after(last, fl_now_us())
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
--- fl_hold_write(hold, fields, owner, token, lease, r, x, g) writes a new hold (and the
---                                      queue's h and n as `fields` has them); returns token
+-- fl_hold_write(hold, owner, token, lease, r, x, q, g) writes a new hold (q nil: the queue
+--                                      stays as it is); returns token
 -- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
--- fl_queued_flag(fields)            -> 1 when a waiter is queued, else 0
+-- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
+-- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
+-- fl_queued_flag(q)                 -> 1 when q holds a waiter, else 0
 -- fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us) -> a queue line, stamped with
 --                                      the clock (now_us, or read now when nil)
--- fl_queue_append(sets, fields, waiter, line) adds the field writes that queue `line` of
---                                      `waiter` at the tail to the HSET arguments `sets`
--- fl_queue_leave(hold, fields, waiter) drops the waiter's line (fields[11]) if it has one;
---                                      returns whether it had
--- fl_queue_head(hold, fields)       -> the first line of the queue and its seq, or nil (reads)
--- fl_queue_overdue(hold, fields, now_us, limit_ms, except) -> true when the first waiter
---                                      (unless it is `except`) queued limit_ms or more before
---                                      now_us
--- fl_grant_next(hold, fields, x, events, mode, lock_id, now_us, tail) -> true, the token and
---   the grant ms when granted; false when nobody was left. now_us: the server clock if the
---   caller read it already (else nil); tail: {waiter, line} to queue behind the granted
---   waiter in the same write (else nil)
---   Grants the lock to the first waiter of the queue whose client is there to hear it,
---   dropping the others (and waking, on the way, the waiters that are only woken: event
+-- fl_queue_overdue(q, now_us, limit_ms, except) -> true when the first waiter of q (unless it
+--                                      is `except`) queued limit_ms or more before now_us
+-- fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail) -> true, the queue
+--   left, the token and the grant ms when granted; false when nobody was left. now_us: the
+--   server clock if the caller read it already (else nil); tail: a line to queue behind the
+--   granted waiter in the same write (else nil)
+--   Grants the lock to the first waiter of q whose client is there to hear it, dropping the
+--   others (and waking, on the way, the waiters that are only woken: event
 --   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
 --   its grant ms) before it sends anything (a write refused for want of memory then
 --   fails the whole script, before any event), and sends the event
 --   "0|grant|<waiter>,<token>,<grant ms>,<queued>|<lock id>" (queued: 1 when waiters stay
 --   queued behind it) to its client's inbox (fl_emit_to in
---   lib/notify.lua, which also tells whether the client is there to hear it). Keeps
---   fields[7] and fields[9] (n and h) up to date with the lines it consumed.
--- fl_free(hold, fields, op, x, window) leaves the tombstone of a freed lock (the queue empty)
-local function fl_hold_read(hold, waiter)
-  local v
-  if waiter and waiter ~= '' then
-    v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'n', 'g', 'h', 't', 'w' .. waiter)
-    v[11] = tonumber(v[11])
-  else
-    v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'n', 'g', 'h', 't')
-  end
+--   lib/notify.lua, which also tells whether the client is there to hear it). False when
+--   nobody was left.
+-- fl_free(hold, op, x, window) leaves the tombstone of a freed lock
+local function fl_hold_read(hold)
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g')
   if v[1] == '' then
     v[1] = false
   end
-  v[7] = tonumber(v[7]) or 0
-  v[9] = tonumber(v[9]) or 0
-  v[10] = tonumber(v[10]) or 0
   return v
 end
 
@@ -163,9 +140,14 @@ local function fl_hold_token(fields, fence, fence_arg)
   return fl_fence_next(fence, fence_arg, last)
 end
 
-local function fl_hold_write(hold, fields, owner, token, lease, r, x, g)
-  redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
-    'g', g, 'h', fields[9], 'n', fields[7])
+local function fl_hold_write(hold, owner, token, lease, r, x, q, g)
+  if q then
+    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
+      'q', q, 'g', g)
+  else
+    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
+      'g', g)
+  end
   redis.call('PEXPIRE', hold, lease)
   return token
 end
@@ -184,117 +166,83 @@ local function fl_reenter(hold, fields, owner, op, lease)
   return {1, token, count + 1}
 end
 
-local function fl_queued_flag(fields)
-  if fields[7] > 0 then
+local function fl_queue_find(q, waiter)
+  if not q or q == '' or waiter == '' then
+    return nil
+  end
+  local from = 1
+  while true do
+    local at, last = string.find(q, waiter, from, true)
+    if not at then
+      return nil
+    end
+    if (at == 1 or string.byte(q, at - 1) == 10) and string.byte(q, last + 1) == 32 then
+      return at, string.find(q, '\n', last, true)
+    end
+    from = last + 1
+  end
+end
+
+local function fl_queue_without(q, waiter)
+  local from, to = fl_queue_find(q, waiter)
+  if not from then
+    return q or '', false
+  end
+  return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
+end
+
+local function fl_queued_flag(q)
+  if q and q ~= '' then
     return 1
   end
   return 0
 end
 
 local function fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us)
-  return string.format('%s %s %s %d %d %.0f', waiter, inbox, owner, lease, grant_ms,
+  return string.format('%s %s %s %d %d %.0f\n', waiter, inbox, owner, lease, grant_ms,
     math.floor((now_us or fl_now_us()) / 1000))
 end
 
-local function fl_queue_append(sets, fields, waiter, line)
-  local seq = fields[10]
-  local size = #sets
-  sets[size + 1], sets[size + 2] = 'q' .. seq, line
-  sets[size + 3], sets[size + 4] = 'w' .. waiter, seq
-  sets[size + 5], sets[size + 6] = 't', seq + 1
-  sets[size + 7], sets[size + 8] = 'n', fields[7] + 1
-  if fields[7] == 0 then
-    sets[size + 9], sets[size + 10] = 'h', seq
-  end
-  return sets
-end
-
-local function fl_queue_leave(hold, fields, waiter)
-  if not fields[11] then
+local function fl_queue_overdue(q, now_us, limit_ms, except)
+  if not q or q == '' then
     return false
   end
-  redis.call('HDEL', hold, 'q' .. fields[11], 'w' .. waiter)
-  fields[7] = fields[7] - 1
-  redis.call('HSET', hold, 'n', fields[7])
-  fields[11] = nil
-  return true
-end
-
-local function fl_queue_head(hold, fields)
-  if fields[7] == 0 then
-    return nil
-  end
-  if fields.head_seq == nil then
-    local seq = fields[9]
-    while seq < fields[10] do
-      local line = redis.call('HGET', hold, 'q' .. seq)
-      if line then
-        fields.head_seq, fields.head_line = seq, line
-        break
-      end
-      seq = seq + 1
-    end
-  end
-  return fields.head_line, fields.head_seq
-end
-
-local function fl_queue_overdue(hold, fields, now_us, limit_ms, except)
-  local line = fl_queue_head(hold, fields)
-  if not line then
-    return false
-  end
-  local waiter, since = string.match(line, '^(%S+) .* (%d+)$')
-  if not waiter or waiter == except then
+  local stop = string.find(q, '\n', 1, true)
+  local since = string.match(q, '(%d+)\n', math.max(stop - 14, 1))
+  if not since or (except ~= '' and fl_queue_find(q, except) == 1) then
     return false
   end
   return now_us - since * 1000 >= limit_ms * 1000
 end
 
-local function fl_grant_next(hold, fields, x, events, mode, lock_id, now_us, tail)
+local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail)
   local text
-  local gone = {}
-  local line, seq = fl_queue_head(hold, fields)
-  while line do
-    local waiter, inbox, owner, lasts = string.match(line, '^(%S+) (%S+) (%S+) %d+ (%d+) %d+$')
-    gone[#gone + 1], gone[#gone + 2] = 'q' .. seq, 'w' .. waiter
-    fields[7], fields[9] = fields[7] - 1, seq + 1
-    if lasts == '0' then
+  local at, size = 1, #q
+  while at <= size do
+    local stop = string.find(q, '\n', at, true)
+    local waiter, inbox, owner, lasts =
+      string.match(q, '^(%S+) (%S+) (%S+) %d+ (%d+) %d+\n', at)
+    at = stop + 1
+    if waiter and lasts == '0' then
       fl_emit_to(events .. ':to:' .. inbox, mode, '0|name|' .. waiter .. '|' .. lock_id)
-    else
+    elseif waiter then
       text = text or fl_token_after(tonumber(fields[3]), now_us or fl_now_us())
-      local sets = {'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter, 'x', x, 'g', waiter,
-        'h', fields[9], 'n', fields[7]}
-      if tail then
-        fl_queue_append(sets, fields, tail[1], tail[2])
-      end
-      redis.call('HSET', hold, unpack(sets))
-      redis.call('HDEL', hold, unpack(gone))
-      gone = {}
-      local queued = (fields[7] > 0 or tail) and 1 or 0
+      local left = at > size and (tail or '') or
+        (tail and string.sub(q, at) .. tail or string.sub(q, at))
+      local queued = left ~= '' and 1 or 0
+      redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
+        'x', x, 'q', left, 'g', waiter)
       if fl_emit_to(events .. ':to:' .. inbox, mode,
           '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
-        if tail then
-          fields[7], fields[10] = fields[7] + 1, fields[10] + 1
-        end
         redis.call('PEXPIRE', hold, lasts)
-        return true, text, tonumber(lasts)
-      end
-      if tail then
-        -- The tail's line was written with this grant: take it back out.
-        redis.call('HDEL', hold, 'q' .. fields[10], 'w' .. tail[1])
-        redis.call('HSET', hold, 't', fields[10])
+        return true, left, text, tonumber(lasts)
       end
     end
-    fields.head_seq, fields.head_line = nil, nil
-    line, seq = fl_queue_head(hold, fields)
-  end
-  if #gone > 0 then
-    redis.call('HDEL', hold, unpack(gone))
   end
   return false
 end
 
-local function fl_free(hold, fields, op, x, window)
-  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'g', '', 'h', fields[10], 'n', 0)
+local function fl_free(hold, op, x, window)
+  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'q', '', 'g', '')
   redis.call('PEXPIRE', hold, window)
 end

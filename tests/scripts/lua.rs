@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
-use crate::support::{composed, exists, hash_fields, hold_queue, take_queue, RedisServer, Resp};
+use crate::support::{composed, exists, RedisServer, Resp};
 
 pub(crate) const HOLD_LIB: &str = include_str!("../../lua/lib/hold.lua");
 pub(crate) const FENCE_LIB: &str = include_str!("../../lua/lib/fence.lua");
@@ -363,13 +363,13 @@ impl<'a> Lua<'a> {
         reply
     }
 
-    /// The queue of the hash at `hold` as text, one line per waiter ("" when missing, or when
-    /// the key holds no hash: the read is a plain HGETALL, which changes nothing).
+    /// The queue field `q` of the hash at `hold` ("" when missing, or when the key holds no
+    /// hash: the read is a plain HGET, which changes nothing).
     pub(crate) fn queue_of(&self, hold: &str) -> String {
-        if self.server.cmd(&["TYPE", hold]).as_str().as_deref() != Some("hash") {
-            return String::new();
-        }
-        hold_queue(self.server, hold)
+        self.server
+            .cmd(&["HGET", hold, "q"])
+            .as_str_opt()
+            .unwrap_or_default()
     }
 
     /// The queue line of `waiter` of `owner` in [`HOLD`]'s queue (lease, grant ms), with the
@@ -390,22 +390,23 @@ impl<'a> Lua<'a> {
     /// Rewrites the since column of `waiter`'s line in [`HOLD`]'s queue to `since` (ms), the
     /// rest of the hash and its ttl kept, as if it had queued then.
     pub(crate) fn set_since(&self, waiter: &str, since: i64) {
-        let seq = self
-            .server
-            .cmd(&["HGET", HOLD, &format!("w{waiter}")])
-            .as_str_opt()
-            .unwrap_or_else(|| panic!("{waiter} is not queued: {:?}", self.queue_of(HOLD)));
-        let field = format!("q{seq}");
-        let line = self.server.cmd(&["HGET", HOLD, &field]).as_str_opt();
-        let mut columns: Vec<String> = line
-            .unwrap_or_default()
-            .split(' ')
-            .map(str::to_owned)
+        let queue = self.queue_of(HOLD);
+        assert!(
+            queued_since(&queue, waiter).is_some(),
+            "{waiter} is not queued: {queue:?}"
+        );
+        let rewritten: String = queue
+            .lines()
+            .map(|line| {
+                let mut columns: Vec<String> = line.split(' ').map(str::to_owned).collect();
+                if columns[0] == waiter {
+                    columns[5] = since.to_string();
+                }
+                columns.join(" ") + "\n"
+            })
             .collect();
-        assert_eq!(columns.len(), 6, "{waiter}'s line: {columns:?}");
-        columns[5] = since.to_string();
         let ttl = self.pttl();
-        self.server.cmd(&["HSET", HOLD, &field, &columns.join(" ")]);
+        self.server.cmd(&["HSET", HOLD, "q", &rewritten]);
         assert!(self.pttl() <= ttl, "HSET changed the hold's ttl");
         self.since
             .borrow_mut()
@@ -611,11 +612,18 @@ impl<'a> Lua<'a> {
         self.eval(&self.heartbeat, &keys, &args)
     }
 
-    /// The hold hash, every field (panics on a missing or an unknown field); the queue's
-    /// fields read as one text ([`take_queue`]).
+    /// The hold hash, every field (panics on a missing or an unknown field).
     pub(crate) fn hash(&self) -> HoldHash {
-        let mut fields = hash_fields(self.server, HOLD);
-        let q = take_queue(&mut fields);
+        let items = self.server.cmd(&["HGETALL", HOLD]).as_array();
+        let mut fields: BTreeMap<String, String> = items
+            .chunks(2)
+            .map(|pair| {
+                (
+                    pair[0].as_str().expect("a field name"),
+                    pair[1].as_str().expect("a field value"),
+                )
+            })
+            .collect();
         let mut take = |name: &str| {
             fields
                 .remove(name)
@@ -628,7 +636,7 @@ impl<'a> Lua<'a> {
             l: take("l"),
             r: take("r"),
             x: take("x"),
-            q,
+            q: take("q"),
             g: take("g"),
         };
         assert!(fields.is_empty(), "unknown fields in the hold: {fields:?}");

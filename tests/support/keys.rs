@@ -1,8 +1,6 @@
 //! The documented key layout, and reads of the keys through the assertion client: for tests
 //! that check what the library wrote.
 
-use std::collections::BTreeMap;
-
 use super::{RedisServer, Resp};
 
 /// 32-bit FNV-1a, as documented for the shard of a lock name.
@@ -69,7 +67,8 @@ pub fn hold_owner(server: &RedisServer, hold: &str) -> Option<String> {
         .filter(|owner| !owner.is_empty())
 }
 
-/// The waiter ids queued in an exclusive lock's hash, in queue order.
+/// The waiter ids queued in an exclusive lock's hash (field `q`, one line per waiter), in
+/// queue order.
 pub fn queued_waiters(server: &RedisServer, hold: &str) -> Vec<String> {
     queue_column(server, hold, 0)
 }
@@ -77,90 +76,15 @@ pub fn queued_waiters(server: &RedisServer, hold: &str) -> Vec<String> {
 /// Field `n` (0: waiter id, 1: inbox tag, 2: owner, 3: lease, 4: grant ms) of every line of an
 /// exclusive lock's queue, in queue order.
 fn queue_column(server: &RedisServer, hold: &str, n: usize) -> Vec<String> {
-    hold_queue(server, hold)
+    let queue = server
+        .cmd(&["HGET", hold, "q"])
+        .as_str()
+        .unwrap_or_default();
+    queue
         .lines()
         .filter_map(|line| line.split(' ').nth(n))
         .map(str::to_owned)
         .collect()
-}
-
-/// The wait queue of an exclusive lock's hash as text, one line per waiter in queue order,
-/// each ending in a newline ("" when the key is missing or no waiter is queued).
-pub fn hold_queue(server: &RedisServer, hold: &str) -> String {
-    let mut fields = hash_fields(server, hold);
-    take_queue(&mut fields)
-}
-
-/// Every field of the hash at `key` (none when the key is missing).
-pub fn hash_fields(server: &RedisServer, key: &str) -> BTreeMap<String, String> {
-    server
-        .cmd(&["HGETALL", key])
-        .as_array()
-        .chunks(2)
-        .map(|pair| {
-            (
-                pair[0].as_str().expect("a field name"),
-                pair[1].as_str().expect("a field value"),
-            )
-        })
-        .collect()
-}
-
-/// Removes the wait queue's fields (`h`, `t`, `n`, `q<seq>`, `w<waiter>`: see
-/// `lua/lib/hold.lua`) from the fields of an exclusive lock's hash and returns the queue as
-/// text, one line per waiter in queue order, each ending in a newline. Panics when the fields
-/// disagree: a count `n` other than the number of lines, a line outside `h..t`, or an index
-/// `w<waiter>` that does not name its waiter's line.
-pub fn take_queue(fields: &mut BTreeMap<String, String>) -> String {
-    let number = |fields: &mut BTreeMap<String, String>, name: &str| -> u64 {
-        fields.remove(name).map_or(0, |value| {
-            value
-                .parse()
-                .unwrap_or_else(|e| panic!("queue field {name} = {value:?}: {e}"))
-        })
-    };
-    let (head, tail, count) = (
-        number(fields, "h"),
-        number(fields, "t"),
-        number(fields, "n"),
-    );
-    let queue_fields: Vec<String> = fields
-        .keys()
-        .filter(|name| name.starts_with('q') || name.starts_with('w'))
-        .cloned()
-        .collect();
-    let mut lines = BTreeMap::new();
-    let mut index = BTreeMap::new();
-    for name in queue_fields {
-        let value = fields.remove(&name).unwrap_or_default();
-        if let Some(seq) = name.strip_prefix('q') {
-            let seq: u64 = seq
-                .parse()
-                .unwrap_or_else(|e| panic!("queue line field {name}: {e}"));
-            lines.insert(seq, value);
-        } else {
-            index.insert(name[1..].to_owned(), value);
-        }
-    }
-    assert_eq!(
-        lines.len() as u64,
-        count,
-        "queue count n vs lines {lines:?}"
-    );
-    for (seq, line) in &lines {
-        assert!(
-            (head..tail).contains(seq),
-            "queue line {seq} outside h..t = {head}..{tail}: {line:?}"
-        );
-        let waiter = line.split(' ').next().unwrap_or_default();
-        assert_eq!(
-            index.remove(waiter).as_deref(),
-            Some(seq.to_string().as_str()),
-            "the index of queued waiter {waiter}"
-        );
-    }
-    assert!(index.is_empty(), "index fields without a line: {index:?}");
-    lines.values().map(|line| format!("{line}\n")).collect()
 }
 
 /// The hold key of exclusive lock `name` of `kind` ("mutex" or "fair"), any shard.
