@@ -207,6 +207,8 @@ local function fl_queue_overdue(q, now_us, limit_ms, except)
   if not q or q == '' then
     return false
   end
+  -- The head line's last column, matched from at most 14 bytes before its end (a space and
+  -- 13 digits of ms, enough until the year 2286): one short match, whatever the line holds.
   local stop = string.find(q, '\n', 1, true)
   local since = string.match(q, '(%d+)\n', math.max(stop - 14, 1))
   if not since or (except ~= '' and fl_queue_find(q, except) == 1) then
