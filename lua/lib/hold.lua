@@ -39,6 +39,9 @@
 --                                      free (HMGET: a typed read, so a foreign value under the
 --                                      hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
+-- fl_find_word(text, word, before, after) -> start and end of the first occurrence of word
+--                                      that starts the text or follows byte `before`, and
+--                                      ends it or precedes byte `after`; nil when none
 -- fl_chain_has(x, op)              -> whether op is one of the ids of the freed chain x
 -- fl_now_us()                      -> the server clock in us (TIME)
 -- fl_token_after(last, now_us)     -> max(last + 1, now_us), a decimal string
@@ -95,22 +98,27 @@ local function fl_freed_chain(op, older)
   end
 end
 
+local function fl_find_word(text, word, before, after)
+  local from = 1
+  while true do
+    local at, last = string.find(text, word, from, true)
+    if not at then
+      return nil
+    end
+    local next_byte = string.byte(text, last + 1)
+    if (at == 1 or string.byte(text, at - 1) == before) and
+        (next_byte == nil or next_byte == after) then
+      return at, last
+    end
+    from = last + 1
+  end
+end
+
 local function fl_chain_has(chain, op)
   if not chain or op == '' then
     return false
   end
-  local from = 1
-  while true do
-    local at, last = string.find(chain, op, from, true)
-    if not at then
-      return false
-    end
-    local before, after = string.byte(chain, at - 1), string.byte(chain, last + 1)
-    if (at == 1 or before == 44) and (after == nil or after == 44) then
-      return true
-    end
-    from = last + 1
-  end
+  return fl_find_word(chain, op, 44, 44) ~= nil
 end
 
 local function fl_now_us()
@@ -167,20 +175,14 @@ local function fl_reenter(hold, fields, owner, op, lease)
 end
 
 local function fl_queue_find(q, waiter)
-  if not q or q == '' or waiter == '' then
+  if not q or waiter == '' then
     return nil
   end
-  local from = 1
-  while true do
-    local at, last = string.find(q, waiter, from, true)
-    if not at then
-      return nil
-    end
-    if (at == 1 or string.byte(q, at - 1) == 10) and string.byte(q, last + 1) == 32 then
-      return at, string.find(q, '\n', last, true)
-    end
-    from = last + 1
+  local at, last = fl_find_word(q, waiter, 10, 32)
+  if not at then
+    return nil
   end
+  return at, string.find(q, '\n', last, true)
 end
 
 local function fl_queue_without(q, waiter)

@@ -173,6 +173,23 @@ impl<'a> Rw<'a> {
         self.server.cmd(&["XADD", &inbox(owner), "*", "open", "1"]);
     }
 
+    /// Owner "a" takes the write lock, the `queued` writers (owner, waiter id, waiter lease ms)
+    /// queue behind it in that order, the inboxes of `open` exist, and "a" releases: the lock
+    /// is free and the head of the queue is named.
+    fn free_with_queued_writers(&self, queued: &[(&str, &str, i64)], open: &[&str]) {
+        let token = self.take("write", "a", "a1");
+        for (owner, waiter, lease) in queued {
+            self.wait("write", owner, &format!("{owner}1"), waiter, *lease);
+        }
+        for owner in open {
+            self.open_inbox(owner);
+        }
+        assert_eq!(
+            ints(self.release("write", "a", token, "a2", false)),
+            vec![1, 0]
+        );
+    }
+
     /// The value and the ttl (ms) of each key.
     fn state(&self, keys: &[&str]) -> State {
         keys.iter()
@@ -465,14 +482,7 @@ fn a_foreign_value_under_any_key_fails_the_call_before_any_write() {
         &[HOLD, EVENTS, SEQ, QUEUE, ALIVE],
         &inboxes,
         &|rw| {
-            let token = rw.take("write", "a", "a1");
-            rw.wait("write", "b", "b1", &wb, 3000);
-            rw.wait("write", "c", "c1", &wc, 3000);
-            rw.open_inbox("b");
-            assert_eq!(
-                ints(rw.release("write", "a", token, "a2", false)),
-                vec![1, 0]
-            );
+            rw.free_with_queued_writers(&[("b", &wb, 3000), ("c", &wc, 3000)], &["b"]);
             0
         },
         &|rw, _| rw.leave(&wb),
@@ -497,14 +507,7 @@ fn a_foreign_value_under_any_key_fails_the_call_before_any_write() {
         &[HOLD, EVENTS, SEQ, QUEUE, ALIVE],
         &inboxes,
         &|rw| {
-            let token = rw.take("write", "a", "a1");
-            rw.wait("write", "b", "b1", &wb, 150);
-            rw.wait("write", "c", "c1", &wc, 3000);
-            rw.open_inbox("b");
-            assert_eq!(
-                ints(rw.release("write", "a", token, "a2", false)),
-                vec![1, 0]
-            );
+            rw.free_with_queued_writers(&[("b", &wb, 150), ("c", &wc, 3000)], &["b"]);
             sleep(Duration::from_millis(170));
             0
         },
@@ -655,15 +658,9 @@ fn a_heartbeat_drops_dead_heads_once_per_lock() {
         waiter('w', "c", 1),
         waiter('w', "d", 1),
     );
-    let token = rw.take("write", "a", "a1");
-    rw.wait("write", "b", "b1", &wb, 150);
-    rw.wait("write", "c", "c1", &wc, 3000);
-    rw.wait("write", "d", "d1", &wd, 3000);
-    rw.open_inbox("b");
-    rw.open_inbox("c");
-    assert_eq!(
-        ints(rw.release("write", "a", token, "a2", false)),
-        vec![1, 0]
+    rw.free_with_queued_writers(
+        &[("b", &wb, 150), ("c", &wc, 3000), ("d", &wd, 3000)],
+        &["b", "c"],
     );
     sleep(Duration::from_millis(170));
     let group = ["rw", RW_LOCK_ID, "1"];
