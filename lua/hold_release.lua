@@ -1,7 +1,7 @@
 -- hold_release.lua: give back one hold (or every hold) of an exclusive lock; when that frees
 -- it, hand it to a task of the releasing process (barging mutex: unless the first waiter of
--- the queue has waited `limit` ms or more), else grant it to the first waiter of the queue,
--- else leave it free.
+-- the queue has waited `limit` ms or more and the hold is not the queue's turn itself, field
+-- t), else grant it to the first waiter of the queue, else leave it free.
 -- Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
@@ -22,7 +22,9 @@
 -- ARGV[10] successor-waiter  the successor's waiter id
 -- ARGV[11] successor-lease   its lease in ms
 -- ARGV[12] limit   the successor is passed over for the first waiter of the queue once that
---                  waiter has waited this many ms (bounds every wait behind a barging mutex)
+--                  waiter has waited this many ms (bounds every wait behind a barging mutex),
+--                  unless the hold being released was itself granted from the queue (t = "1"):
+--                  then the successor is handed it all the same, and the next release grants
 -- ARGV[13] inbox   the successor's client's inbox tag (used with ARGV[14])
 -- ARGV[14] successor-queues  "" for a successor that waits already (a local waiter); for a
 --                  successor that asks by this very call (a task taking over its client's
@@ -90,7 +92,9 @@ end
 local now
 if successor ~= '' then
   now = fl_now_us()
-  if not fl_queue_overdue(fields[7], now, limit, successor_waiter) then
+  -- One hand-over after each grant, even to an overdue queue: the waiters still go in turn,
+  -- every other hold, and the releasing process keeps the lock without a wake-up elsewhere.
+  if fields[9] == '1' or not fl_queue_overdue(fields[7], now, limit, successor_waiter) then
     return hand_over(nil, now)
   end
 end

@@ -114,7 +114,8 @@ pub struct Config {
     /// Barging [`Mutex`](crate::Mutex) only: the eventual-fairness bound. A release hands the
     /// lock straight to a task of its own process (one round trip, no event, no herd) as long
     /// as no waiter of another process has waited this long; past it, the release grants the
-    /// lock to the waiter queued longest. A longer bound gives more throughput under
+    /// lock to the waiter queued longest (and the release of that grant may hand over once
+    /// more before the next grant: the queue gets every other hold). A longer bound gives more throughput under
     /// contention and longer waits to the other processes; zero turns hand-overs (and
     /// [`Config::defer_release`]) off; at most 10 s.
     #[serde(with = "humantime_serde")]

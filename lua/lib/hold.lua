@@ -14,6 +14,12 @@
 --      after another task of the same owner re-entered
 --   x  op ids of the releases that freed the lock lately, newest first, ","-joined, at most 64
 --      bytes (two op ids: more would take the hash out of Redis's compact listpack encoding)
+--   t  "1" while the hold is the queue's turn: a release granted it to the first waiter of the
+--      queue (fl_grant_next); "" for a hold taken, re-taken or handed over. Such a holder's
+--      release may still hand the lock to a task of its own process, once, however long the
+--      next waiter has waited (hold_release.lua): each grant is followed by at most one
+--      hand-over, so a queue that is always overdue does not turn the barging mutex into a
+--      strictly fair one (one process wake-up per acquisition)
 --   q  the wait queue, one line per waiter: "<waiter id> <inbox tag> <owner id> <lease ms>
 --      <grant ms> <since ms>\n" (ids never contain spaces or newlines: owner ids are printable
 --      ASCII without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter
@@ -35,7 +41,7 @@
 -- the hash is older, the clock still puts the next token above every token the old primary
 -- issued (docs/design.md, fencing).
 --
--- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g}, with o = false when
+-- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g, t}, with o = false when
 --                                      free (HMGET: a typed read, so a foreign value under the
 --                                      hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
@@ -73,7 +79,7 @@
 --   nobody was left.
 -- fl_free(hold, op, x, window) leaves the tombstone of a freed lock
 local function fl_hold_read(hold)
-  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g')
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 't')
   if v[1] == '' then
     v[1] = false
   end
@@ -151,10 +157,10 @@ end
 local function fl_hold_write(hold, owner, token, lease, r, x, q, g)
   if q then
     redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
-      'q', q, 'g', g)
+      'q', q, 'g', g, 't', '')
   else
     redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
-      'g', g)
+      'g', g, 't', '')
   end
   redis.call('PEXPIRE', hold, lease)
   return token
@@ -235,7 +241,7 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, 
         (tail and string.sub(q, at) .. tail or string.sub(q, at))
       local queued = left ~= '' and 1 or 0
       redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'q', left, 'g', waiter)
+        'x', x, 'q', left, 'g', waiter, 't', '1')
       if fl_emit_to(events .. ':to:' .. inbox, mode,
           '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
         redis.call('PEXPIRE', hold, lasts)
@@ -247,6 +253,6 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, 
 end
 
 local function fl_free(hold, op, x, window)
-  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'q', '', 'g', '')
+  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'q', '', 'g', '', 't', '')
   redis.call('PEXPIRE', hold, window)
 end

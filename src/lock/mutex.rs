@@ -34,10 +34,11 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 /// [`Config::handover_limit`](crate::Config::handover_limit) (30 ms by default); otherwise
 /// it grants the lock to the waiter queued longest, and only that waiter's process hears of
 /// it (one event into its inbox): one release wakes one task of one process, however many
-/// wait. A free lock goes to whoever asks first (nobody is queued while it is free). Within
-/// the bound, hand-overs inside a process trade fairness for throughput, as `parking_lot`'s
-/// eventual fairness does; past it the queue decides, so no wait lasts much longer than the
-/// bound plus the holds ahead of it.
+/// wait. The holder so granted may still hand the lock to a task of its own process once
+/// before the queue's next turn. A free lock goes to whoever asks first (nobody is queued
+/// while it is free). Within the bound, hand-overs inside a process trade fairness for
+/// throughput, as `parking_lot`'s eventual fairness does; past it the queue decides, every
+/// other hold, so no wait lasts much longer than the bound plus two holds per waiter ahead.
 ///
 /// A fair lock and a barging lock with the same name are different locks.
 ///

@@ -612,7 +612,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     let b_holds = HoldHash {
         x: "a-release".to_owned(),
         q: rest(),
-        ..granted("b", tb, SUCCESSOR_LEASE, "wb")
+        ..handed_over("b", tb, SUCCESSOR_LEASE, "wb")
     };
     lua.assert_hold(&b_holds, SUCCESSOR_LEASE, "b's hand-over");
     assert!(
@@ -687,7 +687,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
         &HoldHash {
             x: "b-release,a-release".to_owned(),
             q: rest(),
-            ..granted("d", tb + 1, SUCCESSOR_LEASE, "wd")
+            ..handed_over("d", tb + 1, SUCCESSOR_LEASE, "wd")
         },
         SUCCESSOR_LEASE,
         "d's hand-over",
@@ -701,7 +701,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
         &HoldHash {
             x: "d-release,b-release,a-release".to_owned(),
             q: rest(),
-            ..granted("f", tb + 2, SUCCESSOR_LEASE, "wf")
+            ..handed_over("f", tb + 2, SUCCESSOR_LEASE, "wf")
         },
         SUCCESSOR_LEASE,
         "f's hand-over",
@@ -738,8 +738,9 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     assert_eq!(lua.dump(&[]), before, "a re-sent release changed a key");
     assert_eq!(lua.hash(), c_holds);
 
-    // g queues behind we. With limit 0 every head is overdue, but the successor we is the
-    // head itself: c hands it the lock; wg stays queued.
+    // g queues behind we. With limit 0 every head is overdue, but c's hold is the queue's
+    // turn (a grant) and the successor we is the head itself: c hands it the lock; wg stays
+    // queued. (A handed-over holder's release to the head alone: h's and wi's, below.)
     assert_eq!(
         lua.acquire(Ask::waiting("g", "g-wait", "wg")),
         busy(WAITER_LEASE, tb + 3)
@@ -751,7 +752,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     let e_holds = HoldHash {
         x: "c-release,f-release,d-release,b-release,a-release".to_owned(),
         q: lua.line("wg", "g", LEASE, WAITER_LEASE),
-        ..granted("e", tb + 4, SUCCESSOR_LEASE, "we")
+        ..handed_over("e", tb + 4, SUCCESSOR_LEASE, "we")
     };
     lua.assert_hold(&e_holds, SUCCESSOR_LEASE, "we's hand-over as the head");
     assert!(lua.inbox_events("e").is_empty(), "e was sent to");
@@ -794,7 +795,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     lua.assert_hold(
         &HoldHash {
             x: "g-release,e-release,c-release,f-release,d-release,b-release".to_owned(),
-            ..granted("h", tb + 6, SUCCESSOR_LEASE, "wh")
+            ..handed_over("h", tb + 6, SUCCESSOR_LEASE, "wh")
         },
         SUCCESSOR_LEASE,
         "h's hand-over with nobody queued",
@@ -814,7 +815,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     );
     let i_holds = HoldHash {
         x: "h-release,g-release,e-release,c-release,f-release,d-release".to_owned(),
-        ..granted("i", tb + 7, SUCCESSOR_LEASE, "wi")
+        ..handed_over("i", tb + 7, SUCCESSOR_LEASE, "wi")
     };
     lua.assert_hold(&i_holds, SUCCESSOR_LEASE, "wi's hand-over, nobody left");
     assert_eq!(
@@ -879,7 +880,7 @@ fn a_release_hands_the_lock_to_its_successor_when_the_overdue_queue_has_nobody_a
     );
     let s_holds = HoldHash {
         x: "a-release".to_owned(),
-        ..granted("s", t + 1, SUCCESSOR_LEASE, "ws")
+        ..handed_over("s", t + 1, SUCCESSOR_LEASE, "ws")
     };
     lua.assert_hold(
         &s_holds,
@@ -918,8 +919,10 @@ fn a_release_hands_the_lock_to_its_successor_when_the_overdue_queue_has_nobody_a
 /// line is written with the grant, so the grant event's queued flag counts it (1 even when
 /// nobody else was queued). A re-sent release (same op id) changes nothing and is answered
 /// only "released" ({1, 0}: the hold is not the successor's). The next release grants the
-/// lock to the successor's line (grant event in its client's inbox). A successor whose
-/// waiter id is queued already keeps its line (and its since) and gets no second one.
+/// lock to the successor's line (grant event in its client's inbox). A hold granted from the
+/// queue (`t` = "1") is handed to its take-over all the same, once: the release after that
+/// grants again. A successor whose waiter id is queued already keeps its line (and its since)
+/// and gets no second one.
 #[test]
 fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     init_tracing();
@@ -985,9 +988,9 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     lua.assert_hold(&s_holds, 3_000, "ws's grant");
     assert_eq!(lua.inbox_events("s"), [grant("ws", t + 2, 3_000, false)]);
 
-    // c (the head, overdue), e and g queue; s's release, taken over by e (waiter we, queued
-    // already, not the head): wc is granted the lock, we's line stays as it was (its since
-    // too) and no second one is added.
+    // c (the head, overdue), e and g queue. s's hold is the queue's turn (a grant): its
+    // release, taken over by e (queued, not the head), hands e the lock all the same, once;
+    // we's line goes, wc's and wg's stay.
     for (owner, waiter) in [("c", "wc"), ("e", "we"), ("g", "wg")] {
         assert_eq!(
             lua.acquire(Ask::waiting(owner, &format!("{owner}-wait"), waiter)),
@@ -995,27 +998,41 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
         );
     }
     lua.set_since("wc", lua.clock().div_euclid(1000) - LIMIT);
-    let rest = [
-        lua.line("we", "e", LEASE, WAITER_LEASE),
-        lua.line("wg", "g", LEASE, WAITER_LEASE),
-    ]
-    .concat();
+    let wc_line = lua.line("wc", "c", LEASE, WAITER_LEASE);
+    let wg_line = lua.line("wg", "g", LEASE, WAITER_LEASE);
     assert_eq!(
         lua.take_over("s", t + 2, "s-release", ("e", "we"), 3_000),
-        vec![2, WAITER_LEASE, t + 3]
+        vec![1, 0, t + 3, 1]
     );
     lua.assert_hold(
         &HoldHash {
             x: "s-release,b-release,a-release".to_owned(),
-            q: rest,
-            ..granted("c", t + 3, WAITER_LEASE, "wc")
+            q: [wc_line.as_str(), wg_line.as_str()].concat(),
+            ..handed_over("e", t + 3, SUCCESSOR_LEASE, "we")
+        },
+        SUCCESSOR_LEASE,
+        "we's hand-over after a grant, wc overdue",
+    );
+
+    // e's hold was handed over: its release, taken over by g (queued, not the head), grants
+    // the lock to the overdue wc; wg's line stays as it was (its since too) and no second one
+    // is added.
+    assert_eq!(
+        lua.take_over("e", t + 3, "e-release", ("g", "wg"), 3_000),
+        vec![2, WAITER_LEASE, t + 4]
+    );
+    lua.assert_hold(
+        &HoldHash {
+            x: "e-release,s-release,b-release,a-release".to_owned(),
+            q: wg_line,
+            ..granted("c", t + 4, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,
-        "wc's grant, we's line kept as it was",
+        "wc's grant, wg's line kept as it was",
     );
     assert_eq!(
         lua.inbox_events("c"),
-        [grant("wc", t + 3, WAITER_LEASE, true)]
+        [grant("wc", t + 4, WAITER_LEASE, true)]
     );
     for owner in ["e", "g"] {
         assert!(lua.inbox_events(owner).is_empty(), "{owner} was sent to");

@@ -234,6 +234,7 @@ pub(crate) struct HoldHash {
     pub(crate) x: String,
     pub(crate) q: String,
     pub(crate) g: String,
+    pub(crate) t: String,
 }
 
 /// A hold of `owner` (count 1, no freed-by chain, nobody queued, granted to no waiter): what a take writes, but for the fields a test sets with `..held(..)`.
@@ -247,15 +248,25 @@ pub(crate) fn held(owner: &str, token: i64, lease: i64, r: &str) -> HoldHash {
         x: String::new(),
         q: String::new(),
         g: String::new(),
+        t: String::new(),
     }
 }
 
-/// A hold that a release (or a leave, or a force unlock) granted or handed to `waiter` of
-/// `owner`: the waiter id both as `r` and as `g`.
-pub(crate) fn granted(owner: &str, token: i64, lease: i64, waiter: &str) -> HoldHash {
+/// A hold that a release handed over to `waiter` of `owner`, a task of the releasing process:
+/// the waiter id both as `r` and as `g`.
+pub(crate) fn handed_over(owner: &str, token: i64, lease: i64, waiter: &str) -> HoldHash {
     HoldHash {
         g: waiter.to_owned(),
         ..held(owner, token, lease, waiter)
+    }
+}
+
+/// A hold that a release (or a leave, or a force unlock) granted to `waiter` of `owner`, the
+/// first waiter of the queue: handed (see [`handed_over`]) and the queue's turn (`t` = "1").
+pub(crate) fn granted(owner: &str, token: i64, lease: i64, waiter: &str) -> HoldHash {
+    HoldHash {
+        t: "1".to_owned(),
+        ..handed_over(owner, token, lease, waiter)
     }
 }
 
@@ -638,6 +649,7 @@ impl<'a> Lua<'a> {
             x: take("x"),
             q: take("q"),
             g: take("g"),
+            t: take("t"),
         };
         assert!(fields.is_empty(), "unknown fields in the hold: {fields:?}");
         hash
