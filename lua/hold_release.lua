@@ -1,7 +1,7 @@
 -- hold_release.lua: give back one hold (or every hold) of an exclusive lock; when that frees
 -- it, hand it to a task of the releasing process (barging mutex: unless the first waiter of
--- the queue has waited `limit` ms or more and the hold is not the queue's turn itself, field
--- t), else grant it to the first waiter of the queue, else leave it free.
+-- the queue is due, see ARGV[12]), else grant it to the first waiter of the queue, else leave
+-- it free.
 -- Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
@@ -21,10 +21,12 @@
 --                  local waiter, or a task that asks for the lock right after this release)
 -- ARGV[10] successor-waiter  the successor's waiter id
 -- ARGV[11] successor-lease   its lease in ms
--- ARGV[12] limit   the successor is passed over for the first waiter of the queue once that
---                  waiter has waited this many ms (bounds every wait behind a barging mutex),
---                  unless the hold being released was itself granted from the queue (t = "1"):
---                  then the successor is handed it all the same, and the next release grants
+-- ARGV[12] limit   the first waiter of the queue is due once it has waited this many ms: the
+--                  successor is then passed over for it, unless the hold being released was
+--                  itself granted from the queue (t = "1") and the waiter has waited less than
+--                  twice this: then the successor is handed the lock once more, and the next
+--                  release grants. So the queue gets every other hold from `limit` on, and
+--                  every hold from 2 × `limit` on (bounds every wait behind a barging mutex)
 -- ARGV[13] inbox   the successor's client's inbox tag (used with ARGV[14])
 -- ARGV[14] successor-queues  "" for a successor that waits already (a local waiter); for a
 --                  successor that asks by this very call (a task taking over its client's
@@ -92,9 +94,8 @@ end
 local now
 if successor ~= '' then
   now = fl_now_us()
-  -- One hand-over after each grant, even to an overdue queue: the waiters still go in turn,
-  -- every other hold, and the releasing process keeps the lock without a wake-up elsewhere.
-  if fields[9] == '1' or not fl_queue_overdue(fields[7], now, limit, successor_waiter) then
+  local waited = fl_queue_head_wait(fields[7], now, successor_waiter)
+  if waited < limit or (fields[9] == '1' and waited < 2 * limit) then
     return hand_over(nil, now)
   end
 end

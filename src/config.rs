@@ -115,7 +115,8 @@ pub struct Config {
     /// lock straight to a task of its own process (one round trip, no event, no herd) as long
     /// as no waiter of another process has waited this long; past it, the release grants the
     /// lock to the waiter queued longest (and the release of that grant may hand over once
-    /// more before the next grant: the queue gets every other hold). A longer bound gives more throughput under
+    /// more before the next grant, unless that waiter has waited twice the bound: the queue
+    /// gets every other hold, then every hold). A longer bound gives more throughput under
     /// contention and longer waits to the other processes; zero turns hand-overs (and
     /// [`Config::defer_release`]) off; at most 10 s.
     #[serde(with = "humantime_serde")]

@@ -8,10 +8,19 @@
 //!   without a call of its own.
 //! * **Deferred release** ([`crate::Config::defer_release`]). Nobody of this client waits yet,
 //!   but the releasing task usually asks again at once (a worker loop): the hold is parked here
-//!   until the releasing task next yields to the scheduler instead of being released. An acquisition of this client that
-//!   finds it parked ([`take_parked`]) sends the release itself, naming itself the successor:
-//!   one script call both ends the old hold and starts its own, where a release and an acquire
-//!   would take two. A parked hold nobody takes is released by a background task right after.
+//!   until the releasing task next yields to the scheduler instead of being released. An
+//!   acquisition of this client that finds it parked ([`take_parked`]) names itself the
+//!   successor of its release: one script call both ends the old hold and starts its own,
+//!   where a release and an acquire would take two. The call is sent by the hold's release
+//!   task, spawned when the hold was parked, which the acquisition then waits for; with
+//!   nobody to take the hold over, that task just releases it.
+//!
+//! Why the parked hold's own task sends the take-over, not the acquisition: tokio runs a task
+//! spawned by a worker in that worker's next slot (its LIFO slot), and waking fred's router
+//! task for a command pushes whatever sits in that slot to the run queue and wakes an idle
+//! worker thread to steal it. Had the acquisition sent the call, every take-over would wake a
+//! second thread (a futex call and two context switches) just to find the release task with
+//! nothing left to do. Run by the release task itself, the call finds the slot empty.
 //!
 //! Both are bounded by [`crate::Config::handover_limit`] in the release script itself: once the
 //! waiter queued longest in Redis (another process's, as a rule) has waited that long, the
@@ -24,7 +33,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::engine::{Driver, Released, Successor};
@@ -40,42 +49,83 @@ const DEFER_MIN_LEFT: Duration = Duration::from_millis(200);
 /// Holds whose release is deferred, by lock id (at most one per lock: the lock is exclusive).
 #[derive(Default)]
 pub(crate) struct ParkedHolds {
-    holds: DashMap<Arc<str>, Arc<Hold>>,
+    holds: DashMap<Arc<str>, Parked>,
+}
+
+/// A parked hold, and the acquisition that asked to take it over, if one did.
+struct Parked {
+    hold: Arc<Hold>,
+    successor: Option<TakeOver>,
+}
+
+/// An acquisition's request to take a parked hold over: its waiter id and bid, when it gives
+/// up retrying (its patience), and where the release's outcome goes.
+struct TakeOver {
+    waiter: Arc<str>,
+    bid: Bid,
+    give_up: Option<Instant>,
+    reply: oneshot::Sender<Result<Released>>,
 }
 
 impl ParkedHolds {
     fn park(&self, hold: &Arc<Hold>) -> bool {
         match self.holds.entry(hold.driver.keys().id().clone()) {
             dashmap::Entry::Vacant(entry) => {
-                entry.insert(hold.clone());
+                entry.insert(Parked {
+                    hold: hold.clone(),
+                    successor: None,
+                });
                 true
             }
             dashmap::Entry::Occupied(_) => false,
         }
     }
 
-    /// Takes the parked hold of `lock_id`, if any: the caller now owes its release.
-    pub(crate) fn take(&self, lock_id: &str) -> Option<Arc<Hold>> {
-        self.holds.remove(lock_id).map(|(_, hold)| hold)
+    /// Names the successor of the parked hold of `lock_id`, if there is one and nobody asked
+    /// for it yet: its release task will send the release naming it. The receiver gets that
+    /// release's outcome.
+    fn ask_take_over(
+        &self,
+        lock_id: &str,
+        waiter: &Arc<str>,
+        bid: &Bid,
+        give_up: Option<Instant>,
+    ) -> Option<oneshot::Receiver<Result<Released>>> {
+        let mut parked = self.holds.get_mut(lock_id)?;
+        if parked.successor.is_some() {
+            return None;
+        }
+        let (reply, outcome) = oneshot::channel();
+        parked.successor = Some(TakeOver {
+            waiter: waiter.clone(),
+            bid: bid.clone(),
+            give_up,
+            reply,
+        });
+        Some(outcome)
     }
 
-    /// Takes `hold` if it is still parked.
-    fn take_exact(&self, hold: &Arc<Hold>) -> bool {
+    /// Takes `hold` if it is still parked, with the take-over asked for it, if any.
+    fn take_exact(&self, hold: &Arc<Hold>) -> Option<Option<TakeOver>> {
         self.holds
             .remove_if(hold.driver.keys().id().as_ref(), |_, parked| {
-                Arc::ptr_eq(parked, hold)
+                Arc::ptr_eq(&parked.hold, hold)
             })
-            .is_some()
+            .map(|(_, parked)| parked.successor)
     }
 
-    /// Takes every parked hold (shutdown).
+    /// Takes every parked hold (shutdown). A take-over asked for one is dropped unanswered:
+    /// its acquisition asks Redis like any other.
     pub(crate) fn drain(&self) -> Vec<Arc<Hold>> {
         let ids: Vec<Arc<str>> = self.holds.iter().map(|e| e.key().clone()).collect();
-        ids.iter().filter_map(|id| self.take(id)).collect()
+        ids.iter()
+            .filter_map(|id| self.holds.remove(id).map(|(_, parked)| parked.hold))
+            .collect()
     }
 
+    /// Parked holds that no acquisition asked to take over yet (diagnostics).
     pub(crate) fn len(&self) -> usize {
-        self.holds.len()
+        self.holds.iter().filter(|e| e.successor.is_none()).count()
     }
 
     /// Whether a release of `lock_id` is deferred right now.
@@ -157,15 +207,38 @@ fn defer(hold: &Arc<Hold>) -> bool {
     );
     // The spawned task runs once the releasing task yields (tokio runs a task spawned by a
     // worker in that worker's next slot, without waking another worker): a task that asks for
-    // the lock again before its next await takes the hold over first. No `yield_now` here: on
-    // a multi-threaded runtime each one would wake an idle worker thread.
+    // the lock again before its next await names itself the successor first, and this task
+    // sends the release that hands it the lock. No `yield_now` here: on a multi-threaded
+    // runtime each one would wake an idle worker thread.
     let hold = hold.clone();
     runtime.spawn(async move {
-        if hold.driver.client().core().parked.take_exact(&hold) {
-            release_parked(&hold).await;
+        match hold.driver.client().core().parked.take_exact(&hold) {
+            Some(Some(take_over)) => hand_parked_over(hold, take_over).await,
+            Some(None) => release_parked(&hold).await,
+            None => {}
         }
     });
     true
+}
+
+/// Sends the release of a parked hold naming the acquisition that asked to take it over, and
+/// tells it the outcome. A failed call is no one's release any more once the acquisition gave
+/// up on it: the hold's release then goes on here.
+async fn hand_parked_over(hold: Arc<Hold>, take_over: TakeOver) {
+    let TakeOver {
+        waiter,
+        bid,
+        give_up,
+        reply,
+    } = take_over;
+    let outcome = release_with_retries(&hold, Some((&waiter, &bid)), give_up).await;
+    let failed = outcome.is_err();
+    // The acquisition's side (`take_parked`, inside a `Finish`) outlives its caller, so the
+    // outcome is always heard; a send fails only when the runtime is going away.
+    let _ = reply.send(outcome);
+    if failed {
+        release_parked(&hold).await;
+    }
 }
 
 /// Sends the release of a parked hold nobody took over.
@@ -180,19 +253,22 @@ async fn release_parked(hold: &Arc<Hold>) {
 }
 
 /// Takes over the parked hold of `driver`'s lock, if this client has one: one release call
-/// that names the acquisition (`waiter`, `bid`) its successor. The hold is handed over
-/// unless the queue's turn came: the release then granted the lock to the waiter queued
-/// longest and queued the acquisition behind it ([`Successor::Queued`]). None when there was
-/// no parked hold or it was gone. Transient failures are retried with the same op id, like
-/// any release, until `give_up` (the acquisition's patience).
+/// that names the acquisition (`waiter`, `bid`) its successor, sent by the hold's release task
+/// (see the module docs). The hold is handed over unless the queue's turn came: the release
+/// then granted the lock to the waiter queued longest and queued the acquisition behind it
+/// ([`Successor::Queued`]). None when there was no parked hold, it was gone, or it was
+/// released without its successor (shutdown). Transient failures are retried with the same op
+/// id, like any release, until `give_up` (the acquisition's patience); after that, the old
+/// hold's release goes on by itself.
 pub(crate) async fn take_parked(
     driver: &Arc<dyn Driver>,
-    waiter: &str,
+    waiter: &Arc<str>,
     bid: &Bid,
     give_up: Option<Instant>,
 ) -> Option<Result<Successor>> {
-    let parked = driver.client().core().parked.take(driver.keys().id())?;
-    let outcome = release_with_retries(&parked, Some((waiter, bid)), give_up).await;
+    let parked = &driver.client().core().parked;
+    let reply = parked.ask_take_over(driver.keys().id(), waiter, bid, give_up)?;
+    let outcome = reply.await.ok()?;
     match outcome {
         Ok(Released::Yes { successor, .. }) => {
             if let Successor::HandedOver { token, .. } = successor {
@@ -203,14 +279,9 @@ pub(crate) async fn take_parked(
             Some(Ok(successor))
         }
         Ok(Released::NotHeld(_)) => None,
-        Err(error) => {
-            // The acquisition gives up on it; the old hold's release goes on by itself (a
-            // release that did run is answered as not held: the hold moved on).
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move { release_parked(&parked).await });
-            }
-            Some(Err(error))
-        }
+        // The acquisition gives up on it; the release task releases the old hold (a release
+        // that did run is answered as not held: the hold moved on).
+        Err(error) => Some(Err(error)),
     }
 }
 

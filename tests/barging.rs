@@ -356,9 +356,6 @@ async fn an_uncontended_unlock_is_done_when_it_returns() {
     }
 }
 
-/// A waiter of another process that has waited past the bound is served before a take-over,
-/// except right after a grant: A's hold, granted from the queue, is taken over by A's next
-/// `lock()` once; A's `lock()` after that is queued behind B, which gets the lock first.
 #[tokio::test(flavor = "current_thread")]
 async fn a_waiter_past_the_limit_is_served_before_a_take_over() {
     init_tracing();
@@ -372,14 +369,6 @@ async fn a_waiter_past_the_limit_is_served_before_a_take_over() {
         // Not a measurement: time only moves forward, so B (queued before A's hold began) has
         // waited past A's 1 ms bound after this.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        // A's hold was C's grant, the queue's turn: A takes it over once all the same.
-        let granted = scene.unlock_a_deferred(a_guard, mode).await;
-        let a_guard = bounded("A's take-over after a grant", mutex.lock())
-            .await
-            .unwrap();
-        assert!(a_guard.fencing_token() > granted, "{mode:?}");
-        assert_eq!(scene.a.stats().taken_over, 1, "{mode:?}");
-        assert!(!b_task.is_finished(), "{mode:?}");
         let first = scene.unlock_a_deferred(a_guard, mode).await;
 
         // A's lock() takes the parked hold and sends its release naming itself the successor;
@@ -599,12 +588,9 @@ async fn handover_limit_zero_turns_the_shortcuts_off() {
 }
 
 /// A release that hands the lock to no local waiter (the queue's turn came) wakes every local
-/// waiter of the lock to ask Redis. Two tasks wait on their own client's hold, with no place in
-/// the Redis queue. A's hold was a grant, so its release hands the lock to one of them (one
-/// hand-over after a grant); that one's release, with the other process's waiter past the
-/// bound, grants the lock to it: the second task, woken, asks Redis and queues behind it, and
-/// does not sleep until the old hold's lease (120 s, past the test's hang bound) would have
-/// ended.
+/// waiter of the lock to ask Redis: two tasks that waited on their own client's hold, with no
+/// place in the Redis queue, both get the lock after the other process's waiter, and neither
+/// sleeps until the old hold's lease (120 s, past the test's hang bound) would have ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
     init_tracing();
@@ -647,23 +633,17 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
 
         let b_guard = joined("B is granted the lock", b_task).await.unwrap();
         assert!(b_guard.fencing_token() > a_token, "{mode:?}");
-        // The second local waiter was woken by the first one's release, asked Redis and queued
-        // behind B's hold.
-        eventually_async("the other local waiter queues in Redis", || async {
-            queued_waiters(&server, &scene.hold_key).len() == 1
+        // Both were woken by A's release, asked Redis and queued behind B's hold.
+        eventually_async("both local waiters queue in Redis", || async {
+            queued_waiters(&server, &scene.hold_key).len() == 2
         })
         .await;
         let b_token = b_guard.fencing_token();
         b_guard.unlock().await.unwrap();
-        let mut tokens = Vec::new();
         for local in locals {
-            tokens.push(joined("A's waiting task", local).await.unwrap());
+            let token = joined("A's waiting task", local).await.unwrap();
+            assert!(token > b_token, "{mode:?}: after B");
         }
-        tokens.sort_unstable();
-        assert!(
-            a_token < tokens[0] && tokens[0] < b_token && b_token < tokens[1],
-            "{mode:?}: one handed over before B, the other after B: {a_token} {tokens:?} {b_token}"
-        );
         shutdown(&scene.a).await;
         shutdown(&scene.b).await;
     }

@@ -16,10 +16,10 @@
 --      bytes (two op ids: more would take the hash out of Redis's compact listpack encoding)
 --   t  "1" while the hold is the queue's turn: a release granted it to the first waiter of the
 --      queue (fl_grant_next); "" for a hold taken, re-taken or handed over. Such a holder's
---      release may still hand the lock to a task of its own process, once, however long the
---      next waiter has waited (hold_release.lua): each grant is followed by at most one
---      hand-over, so a queue that is always overdue does not turn the barging mutex into a
---      strictly fair one (one process wake-up per acquisition)
+--      release may still hand the lock to a task of its own process, once, while the next
+--      waiter has waited less than twice the limit (hold_release.lua): so a queue that is
+--      always past the limit does not turn the barging mutex into a strictly fair one (a
+--      wake-up in another process for every acquisition)
 --   q  the wait queue, one line per waiter: "<waiter id> <inbox tag> <owner id> <lease ms>
 --      <grant ms> <since ms>\n" (ids never contain spaces or newlines: owner ids are printable
 --      ASCII without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter
@@ -62,8 +62,9 @@
 -- fl_queued_flag(q)                 -> 1 when q holds a waiter, else 0
 -- fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us) -> a queue line, stamped with
 --                                      the clock (now_us, or read now when nil)
--- fl_queue_overdue(q, now_us, limit_ms, except) -> true when the first waiter of q (unless it
---                                      is `except`) queued limit_ms or more before now_us
+-- fl_queue_head_wait(q, now_us, except) -> how many ms the first waiter of q has waited by
+--                                      now_us; -1 when q is empty or its first waiter is
+--                                      `except`
 -- fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail) -> true, the queue
 --   left, the token and the grant ms when granted; false when nobody was left. now_us: the
 --   server clock if the caller read it already (else nil); tail: a line to queue behind the
@@ -211,18 +212,18 @@ local function fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us)
     math.floor((now_us or fl_now_us()) / 1000))
 end
 
-local function fl_queue_overdue(q, now_us, limit_ms, except)
+local function fl_queue_head_wait(q, now_us, except)
   if not q or q == '' then
-    return false
+    return -1
   end
   -- The head line's last column, matched from at most 14 bytes before its end (a space and
   -- 13 digits of ms, enough until the year 2286): one short match, whatever the line holds.
   local stop = string.find(q, '\n', 1, true)
   local since = string.match(q, '(%d+)\n', math.max(stop - 14, 1))
   if not since or (except ~= '' and fl_queue_find(q, except) == 1) then
-    return false
+    return -1
   end
-  return now_us - since * 1000 >= limit_ms * 1000
+  return now_us / 1000 - since
 end
 
 local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail)

@@ -35,10 +35,11 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 /// it grants the lock to the waiter queued longest, and only that waiter's process hears of
 /// it (one event into its inbox): one release wakes one task of one process, however many
 /// wait. The holder so granted may still hand the lock to a task of its own process once
-/// before the queue's next turn. A free lock goes to whoever asks first (nobody is queued
-/// while it is free). Within the bound, hand-overs inside a process trade fairness for
-/// throughput, as `parking_lot`'s eventual fairness does; past it the queue decides, every
-/// other hold, so no wait lasts much longer than the bound plus two holds per waiter ahead.
+/// before the queue's next turn, unless the next waiter has waited twice the bound. A free
+/// lock goes to whoever asks first (nobody is queued while it is free). Within the bound,
+/// hand-overs inside a process trade fairness for throughput, as `parking_lot`'s eventual
+/// fairness does; past it the queue decides, every other hold, and every hold past twice the
+/// bound, so waits settle near twice the bound under a full load.
 ///
 /// A fair lock and a barging lock with the same name are different locks.
 ///

@@ -920,8 +920,8 @@ fn a_release_hands_the_lock_to_its_successor_when_the_overdue_queue_has_nobody_a
 /// nobody else was queued). A re-sent release (same op id) changes nothing and is answered
 /// only "released" ({1, 0}: the hold is not the successor's). The next release grants the
 /// lock to the successor's line (grant event in its client's inbox). A hold granted from the
-/// queue (`t` = "1") is handed to its take-over all the same, once: the release after that
-/// grants again. A successor whose waiter id is queued already keeps its line (and its since)
+/// queue (`t` = "1") is handed to its take-over all the same, once, unless the head has waited
+/// twice the limit: the release after that grants again. A successor whose waiter id is queued already keeps its line (and its since)
 /// and gets no second one.
 #[test]
 fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
@@ -1037,6 +1037,28 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     for owner in ["e", "g"] {
         assert!(lua.inbox_events(owner).is_empty(), "{owner} was sent to");
     }
+
+    // wc's hold is a grant too, but the head wg has waited twice the limit: c's release,
+    // taken over by e (a new waiter, we2), grants the lock to wg and queues we2 behind it.
+    lua.set_since("wg", lua.clock().div_euclid(1000) - 2 * LIMIT);
+    assert_eq!(
+        lua.take_over("c", t + 4, "c-release", ("e", "we2"), 3_000),
+        vec![2, WAITER_LEASE, t + 5]
+    );
+    lua.assert_hold(
+        &HoldHash {
+            x: "c-release,e-release,s-release,b-release,a-release".to_owned(),
+            q: lua.line("we2", "e", SUCCESSOR_LEASE, 3_000),
+            ..granted("g", t + 5, WAITER_LEASE, "wg")
+        },
+        WAITER_LEASE,
+        "wg's grant after a grant: it waited twice the limit",
+    );
+    assert_eq!(
+        lua.inbox_events("g"),
+        [grant("wg", t + 5, WAITER_LEASE, true)]
+    );
+    assert!(lua.inbox_events("e").is_empty(), "e was sent to");
 
     assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
     lua.assert_no_stray_keys();
