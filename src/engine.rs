@@ -116,6 +116,13 @@ pub(crate) trait Driver: Send + Sync + 'static {
     fn hands_over(&self) -> bool {
         false
     }
+    /// Whether the release of a contended hold may be deferred for a task of this process that
+    /// asks again right after it (see `crate::release`): its acquisition then takes the hold
+    /// over with [`Driver::release_to`] naming it, with a bid that joins the queue. Default:
+    /// when the lock hands over.
+    fn defers_release(&self) -> bool {
+        self.hands_over()
+    }
     /// Releases one hold of `owner`; when that frees the lock, it may hand it to `successor`
     /// (its waiter id and bid) instead. Default: a plain release.
     fn release_to<'a>(

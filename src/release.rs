@@ -185,7 +185,7 @@ fn defer(hold: &Arc<Hold>) -> bool {
     let driver = &hold.driver;
     let client = driver.client();
     let deferrable = client.config().defer_release
-        && driver.hands_over()
+        && driver.defers_release()
         && hold.contended
         && hold.guards() == 0
         && hold.lost_cause().is_none()

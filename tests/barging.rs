@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use fredlock::{Config, LockClient, MutexGuard, NotificationMode, Owner, Result};
 use support::{bounded, connect, eventually, eventually_async, shutdown, RedisServer, MODES};
-use support::{find_hold, hold_owner, init_tracing, queued_waiters};
+use support::{find_hold, hold_owner, init_tracing, joined, poll_once, queued_waiters};
 use tokio::task::JoinHandle;
 
 /// The lock every test works on.
@@ -37,25 +37,6 @@ fn config(server: &RedisServer, test: &str, mode: NotificationMode) -> Config {
     let mut config = support::config(server, &prefix(test, mode), mode);
     config.waiter_lease = Duration::from_secs(20);
     config
-}
-
-/// A task's result; panics if the task panicked or hangs.
-async fn joined<T>(what: &str, task: JoinHandle<T>) -> T {
-    bounded(what, task)
-        .await
-        .unwrap_or_else(|e| panic!("{what}: the task failed: {e}"))
-}
-
-/// Polls `fut` once: it must still be pending (it waits for Redis, or for the lock).
-async fn poll_once<F: Future + Unpin>(what: &str, fut: &mut F)
-where
-    F::Output: Debug,
-{
-    tokio::select! {
-        biased;
-        out = fut => panic!("{what}: finished at its first poll: {out:?}"),
-        _ = std::future::ready(()) => {}
-    }
 }
 
 /// Starts `lock()` of `mutex` in a task and waits until its waiter is queued in Redis

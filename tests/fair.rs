@@ -15,7 +15,7 @@ use support::{
     emit_result, hold_owner, init_tracing, is_worker, queued_waiters, spawn_worker_handle,
     worker_param, RedisServer, Resp, RespConn,
 };
-use support::{eventually, parse_mode, HANG, MODES};
+use support::{eventually, parse_mode, poll_once, HANG, MODES};
 
 /// One shard, so the test can name the lock's hash: `{prefix:0}:fair:<name>`.
 fn config(url: &str, mode: NotificationMode, prefix: &str, waiter_lease: Duration) -> Config {
@@ -758,6 +758,96 @@ async fn a_granted_waiter_returns_without_a_script_and_gets_its_full_lease() {
             assert_no_queue_left(&server, &prefix, "granted");
             holder_client.shutdown().await.unwrap();
             waiter_client.shutdown().await.unwrap();
+        }
+    }
+}
+
+/// A task that asks again right after its own release (a worker loop) joins the queue's tail in
+/// that release's call: A's hold came by a grant with B queued behind it, so A's `unlock()` is
+/// deferred; A's next `lock()` sends the release naming itself, which grants the lock to B and
+/// queues A behind it, and A then waits for its own grant without an attempt of its own.
+#[tokio::test(flavor = "current_thread")]
+async fn a_relock_after_a_release_queues_behind_the_waiters_in_the_same_call() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("relock-{}", mode.as_str());
+        let cfg = || config(&server.url(), mode, &prefix, Duration::from_secs(120));
+        let (a, b, c) = (
+            LockClient::connect(cfg()).await.unwrap(),
+            LockClient::connect(cfg()).await.unwrap(),
+            LockClient::connect(cfg()).await.unwrap(),
+        );
+        let lock = |client: &LockClient| client.fair_mutex("relock").unwrap();
+        let c_guard = lock(&c).lock().await.unwrap();
+        let a_task = {
+            let mutex = lock(&a);
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        wait_queue_len_async(&server, &prefix, "relock", 1).await;
+        let b_task = {
+            let mutex = lock(&b);
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        wait_queue_len_async(&server, &prefix, "relock", 2).await;
+        c_guard.unlock().await.unwrap();
+        let a_guard = tokio::time::timeout(HANG, a_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let first = a_guard.fencing_token();
+
+        a_guard.unlock().await.unwrap();
+        assert_eq!(
+            a.stats().deferred_releases,
+            1,
+            "{mode:?}: A's release waits"
+        );
+        let attempts = a.stats().attempts;
+        // On one thread, A's release task cannot run before A's lock() names itself.
+        let a_mutex = lock(&a);
+        let mut relock = Box::pin(async move { a_mutex.lock().await });
+        poll_once("A's lock()", &mut relock).await;
+        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}: taken over");
+        let relock = tokio::spawn(relock);
+        let b_guard = tokio::time::timeout(HANG, b_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            b_guard.fencing_token() > first,
+            "{mode:?}: B after A's hold"
+        );
+        wait_queue_len_async(&server, &prefix, "relock", 1).await;
+        assert_eq!(
+            hold_owner(&server, &hold_key(&prefix, "relock")).as_deref(),
+            Some(b_guard.owner().id()),
+            "{mode:?}"
+        );
+        let b_token = b_guard.fencing_token();
+        b_guard.unlock().await.unwrap();
+        let a_again = tokio::time::timeout(HANG, relock)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(a_again.fencing_token() > b_token, "{mode:?}: A after B");
+        assert_eq!(
+            a.stats().attempts,
+            attempts,
+            "{mode:?}: A queued by its release's call, granted by B's"
+        );
+        assert_eq!(
+            a.stats().taken_over,
+            0,
+            "{mode:?}: a fair lock hands nothing over"
+        );
+        a_again.unlock().await.unwrap();
+        assert_no_queue_left(&server, &prefix, "relock");
+        for client in [a, b, c] {
+            client.shutdown().await.unwrap();
         }
     }
 }

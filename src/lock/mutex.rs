@@ -74,7 +74,9 @@ pub struct Mutex(Handle);
 /// **Ordering.** Strict FIFO across all processes, in the order in which acquisitions joined
 /// the queue in Redis, with no hand-over inside a process. [`try_lock`](Self::try_lock) fails
 /// while the lock is held (and nobody is queued while it is free). A release grants the lock
-/// to the next waiter and wakes only it (no herd, and no script call of its own). A waiter
+/// to the next waiter and wakes only it (no herd, and no script call of its own). A task that
+/// asks again right after its own release joins the queue's tail in that release's call
+/// ([`Config::defer_release`](crate::Config::defer_release)). A waiter
 /// that times out or is cancelled leaves the queue at once and passes the turn on. A waiter
 /// whose process died is passed over (see [`Config::waiter_lease`](crate::Config::waiter_lease)).
 /// A holder whose process died takes the queue with it when its lease runs out: its waiters
@@ -297,6 +299,16 @@ impl ExclusiveDriver {
         ScriptKeys::new(&self.keys, OWN)
     }
 
+    /// The hand-over bound the release script applies (`ARGV[12]` of `lua/hold_release.lua`):
+    /// 0 for a fair lock, whose queue is always due.
+    fn handover_limit_ms(&self) -> i64 {
+        if self.fair {
+            0
+        } else {
+            self.client.config().handover_limit.as_millis() as i64
+        }
+    }
+
     /// The retry window (tombstone ttl) in ms.
     fn window_ms(&self) -> i64 {
         self.client.core().tombstone_ttl().as_millis() as i64
@@ -317,7 +329,7 @@ impl ExclusiveDriver {
                 bid.owner.id().into(),
                 waiter.into(),
                 (bid.lease.as_millis() as i64).into(),
-                (core.config.handover_limit.as_millis() as i64).into(),
+                self.handover_limit_ms().into(),
                 core.inbox_tag.as_ref().into(),
                 if bid.joins_queue {
                     (core.config.waiter_lease.as_millis() as i64).into()
@@ -400,6 +412,13 @@ impl Driver for ExclusiveDriver {
 
     fn hands_over(&self) -> bool {
         !self.fair && self.granted && !self.client.config().handover_limit.is_zero()
+    }
+
+    /// A fair lock defers too: its take-over never hands the lock over while anybody waits
+    /// (limit 0), but one call both grants the lock to the queue and queues the acquisition,
+    /// where a release and a busy attempt would take two.
+    fn defers_release(&self) -> bool {
+        (self.fair && self.granted) || self.hands_over()
     }
 
     fn release_to<'a>(

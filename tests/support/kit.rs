@@ -4,10 +4,13 @@
 //! Bounded waits ([`bounded`], [`eventually`], [`eventually_async`]) only turn hangs into
 //! failures; no test asserts how long anything took.
 
+use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
 use fredlock::{Config, Error, LockClient, NotificationMode};
+
+use tokio::task::JoinHandle;
 
 use super::cluster::RedisCluster;
 use super::sentinel::SentinelSetup;
@@ -182,4 +185,23 @@ pub fn utc_date() -> String {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     format!("{year:04}-{month:02}-{day:02}")
+}
+
+/// A task's result; panics if the task panicked or hangs.
+pub async fn joined<T>(what: &str, task: JoinHandle<T>) -> T {
+    bounded(what, task)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: the task failed: {e}"))
+}
+
+/// Polls `fut` once: it must still be pending (it waits for Redis, or for the lock).
+pub async fn poll_once<F: Future + Unpin>(what: &str, fut: &mut F)
+where
+    F::Output: Debug,
+{
+    tokio::select! {
+        biased;
+        out = fut => panic!("{what}: finished at its first poll: {out:?}"),
+        _ = std::future::ready(()) => {}
+    }
 }
