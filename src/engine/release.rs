@@ -1,6 +1,6 @@
-//! Releases: `unlock()`, dropped guards (through the release worker) and shutdown all end
-//! here, and so do the two ways a barging [`crate::Mutex`] passes the lock to another task of
-//! its own process without letting it go in Redis.
+//! Releases: `unlock()` and dropped guards (through the release worker) end here, and so do
+//! the two ways a barging [`crate::Mutex`] passes the lock to another task of its own process
+//! without letting it go in Redis.
 //!
 //! * **Hand-over to a waiting task.** A task of this client already waits for the lock: the
 //!   release claims it ([`crate::notify::WaiterTable::claim_handover`]) and its script writes
@@ -8,7 +8,8 @@
 //!   without a call of its own.
 //! * **Deferred release** ([`crate::Config::defer_release`]). Nobody of this client waits yet,
 //!   but the releasing task usually asks again at once (a worker loop): the hold is parked here
-//!   until the releasing task next yields to the scheduler instead of being released. An acquisition of this client that
+//!   (in the engine's [`ParkedHolds`](crate::lease::ParkedHolds)) until the releasing task
+//!   next yields to the scheduler instead of being released. An acquisition of this client that
 //!   finds it parked ([`take_parked`]) sends the release itself, naming itself the successor:
 //!   one script call both ends the old hold and starts its own, where a release and an acquire
 //!   would take two. A parked hold nobody takes is released by a background task right after.
@@ -23,13 +24,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::engine::{Driver, Released, Successor};
+use super::{Driver, DriverHold, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
-use crate::lease::Hold;
 use crate::notify::{Bid, Claim, HandedOver, WakeRule};
 use crate::owner::op_id;
 
@@ -37,62 +36,10 @@ use crate::owner::op_id;
 /// it must run well before Redis would drop it by itself.
 const DEFER_MIN_LEFT: Duration = Duration::from_millis(200);
 
-/// Holds whose release is deferred, by lock id (at most one per lock: the lock is exclusive).
-#[derive(Default)]
-pub(crate) struct ParkedHolds {
-    holds: DashMap<Arc<str>, Arc<Hold>>,
-}
-
-impl ParkedHolds {
-    fn park(&self, hold: &Arc<Hold>) -> bool {
-        match self.holds.entry(hold.driver.keys().id().clone()) {
-            dashmap::Entry::Vacant(entry) => {
-                entry.insert(hold.clone());
-                true
-            }
-            dashmap::Entry::Occupied(_) => false,
-        }
-    }
-
-    /// Takes the parked hold of `lock_id`, if any: the caller now owes its release.
-    pub(crate) fn take(&self, lock_id: &str) -> Option<Arc<Hold>> {
-        self.holds.remove(lock_id).map(|(_, hold)| hold)
-    }
-
-    /// Takes `hold` if it is still parked.
-    fn take_exact(&self, hold: &Arc<Hold>) -> bool {
-        self.holds
-            .remove_if(hold.driver.keys().id().as_ref(), |_, parked| {
-                Arc::ptr_eq(parked, hold)
-            })
-            .is_some()
-    }
-
-    /// Takes every parked hold (shutdown).
-    pub(crate) fn drain(&self) -> Vec<Arc<Hold>> {
-        let ids: Vec<Arc<str>> = self.holds.iter().map(|e| e.key().clone()).collect();
-        ids.iter().filter_map(|id| self.take(id)).collect()
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.holds.len()
-    }
-
-    /// Whether a release of `lock_id` is deferred right now.
-    pub(crate) fn contains(&self, lock_id: &str) -> bool {
-        self.holds.contains_key(lock_id)
-    }
-}
-
-/// A release handed over by a guard's `Drop`.
-pub(crate) struct ReleaseJob {
-    pub(crate) hold: Arc<Hold>,
-}
-
 /// The release worker: runs the releases of dropped guards concurrently, drains its queue on
 /// shutdown, and exits when the last sender is gone.
 pub(crate) async fn run_release_worker(
-    mut jobs: mpsc::UnboundedReceiver<ReleaseJob>,
+    mut jobs: mpsc::UnboundedReceiver<Arc<DriverHold>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut running = tokio::task::JoinSet::new();
@@ -117,7 +64,7 @@ pub(crate) async fn run_release_worker(
 /// Releases one level of `hold` (for `unlock()` and dropped guards), or defers the release
 /// when that level is the hold's last (see the module docs): then it returns at once, as
 /// released.
-pub(crate) async fn release_hold(hold: &Arc<Hold>) -> Result<Released> {
+pub(crate) async fn release_hold(hold: &Arc<DriverHold>) -> Result<Released> {
     if defer(hold) {
         return Ok(Released::Yes {
             remaining: 0,
@@ -131,23 +78,23 @@ pub(crate) async fn release_hold(hold: &Arc<Hold>) -> Result<Released> {
 /// intact with time to spare, no task of this client waiting for the lock already (that one
 /// is handed the lock at once), the client open and inside a runtime. A background task
 /// releases it once the releasing task yields, unless an acquisition took it over meanwhile.
-fn defer(hold: &Arc<Hold>) -> bool {
-    let driver = &hold.driver;
-    let client = driver.client();
-    let deferrable = client.config().defer_release
-        && driver.hands_over()
+fn defer(hold: &Arc<DriverHold>) -> bool {
+    let driver = &hold.lock;
+    let core = driver.engine();
+    let deferrable = core.ctx.config.defer_release
+        && driver.handover().is_some()
         && hold.contended
         && hold.guards() == 0
         && hold.lost_cause().is_none()
         && hold.deadline() > Instant::now() + DEFER_MIN_LEFT
-        && client.check_open().is_ok()
-        && !client
-            .waiters()
+        && core.ctx.check_open().is_ok()
+        && !core
+            .waiters
             .has_handover_candidate(driver.keys().id(), hold.owner.id());
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return false;
     };
-    if !deferrable || !client.core().parked.park(hold) {
+    if !deferrable || !core.parked.park(hold) {
         return false;
     }
     tracing::trace!(
@@ -161,7 +108,7 @@ fn defer(hold: &Arc<Hold>) -> bool {
     // a multi-threaded runtime each one would wake an idle worker thread.
     let hold = hold.clone();
     runtime.spawn(async move {
-        if hold.driver.client().core().parked.take_exact(&hold) {
+        if hold.lock.engine().parked.take_exact(&hold) {
             release_parked(&hold).await;
         }
     });
@@ -169,8 +116,8 @@ fn defer(hold: &Arc<Hold>) -> bool {
 }
 
 /// Sends the release of a parked hold nobody took over.
-async fn release_parked(hold: &Arc<Hold>) {
-    let lock = hold.driver.keys().name();
+async fn release_parked(hold: &Arc<DriverHold>) {
+    let lock = hold.lock.keys().name();
     match release_now(hold).await {
         Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released (deferred)"),
         Err(error) => {
@@ -191,13 +138,13 @@ pub(crate) async fn take_parked(
     bid: &Bid,
     give_up: Option<Instant>,
 ) -> Option<Result<Successor>> {
-    let parked = driver.client().core().parked.take(driver.keys().id())?;
+    let parked = driver.engine().parked.take(driver.keys().id())?;
     let outcome = release_with_retries(&parked, Some((waiter, bid)), give_up).await;
     match outcome {
         Ok(Released::Yes { successor, .. }) => {
             if let Successor::HandedOver { token, .. } = successor {
-                let core = driver.client().core();
-                core.taken_over.fetch_add(1, Ordering::Relaxed);
+                let ctx = &driver.engine().ctx;
+                ctx.taken_over.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(token, "took over a deferred release");
             }
             Some(Ok(successor))
@@ -218,10 +165,10 @@ pub(crate) async fn take_parked(
 /// waiting task of this client: the first local waiter that can take it is claimed before the
 /// call, told the new token if the script handed it the lock, and released again here if it
 /// went away meanwhile.
-pub(crate) async fn release_now(hold: &Hold) -> Result<Released> {
-    let driver = &hold.driver;
-    let mut claim = if driver.hands_over() {
-        let waiters = driver.client().waiters();
+pub(crate) async fn release_now(hold: &DriverHold) -> Result<Released> {
+    let driver = &hold.lock;
+    let mut claim = if driver.handover().is_some() {
+        let waiters = &driver.engine().waiters;
         waiters.claim_handover(driver.keys().id(), hold.owner.id())
     } else {
         None
@@ -243,17 +190,22 @@ pub(crate) async fn release_now(hold: &Hold) -> Result<Released> {
 /// `give_up`: an acquisition taking the hold over stops retrying at its own deadline (and
 /// returns the error).
 async fn release_with_retries(
-    hold: &Hold,
+    hold: &DriverHold,
     successor: Option<(&str, &Bid)>,
     give_up: Option<Instant>,
 ) -> Result<Released> {
     let op = op_id();
     let mut backoff = Backoff::default();
-    let driver = &hold.driver;
+    let driver = &hold.lock;
     loop {
-        let outcome = driver
-            .release_to(&hold.owner, hold.token, &op, successor)
-            .await;
+        let outcome = match driver.handover() {
+            Some(handover) => {
+                handover
+                    .release_to(&hold.owner, hold.token, &op, successor)
+                    .await
+            }
+            None => driver.release(&hold.owner, hold.token, &op, false).await,
+        };
         match outcome {
             Err(error)
                 if error.is_retryable()
@@ -262,10 +214,10 @@ async fn release_with_retries(
                 if Instant::now() + backoff.peek() >= hold.deadline() {
                     // The lease is over: Redis drops the hold by itself (at the latest when its
                     // TTL, which this client no longer extends, runs out).
-                    tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed past the lease; the hold expires");
+                    tracing::debug!(lock = hold.lock.keys().name(), %error, "release failed past the lease; the hold expires");
                     return Ok(Released::NotHeld(NotHeldReason::Expired));
                 }
-                tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed; retrying");
+                tracing::debug!(lock = hold.lock.keys().name(), %error, "release failed; retrying");
                 tokio::time::sleep(backoff.next_pause()).await;
             }
             other => return other,
@@ -322,17 +274,16 @@ async fn settle_claim(
 
 /// Wakes every local waiter of `driver`'s lock to ask Redis: after a release of this client
 /// that handed the lock to none of them, since a waiter that waited on this client's hold
-/// alone (`wait_first` in `engine.rs`) has no place in the Redis queue and hears no event.
+/// alone (`wait_first` in `engine/acquire.rs`) has no place in the Redis queue and hears no event.
 pub(crate) fn wake_local_waiters(driver: &dyn Driver) {
     driver
-        .client()
-        .waiters()
+        .engine()
+        .waiters
         .dispatch(driver.keys().id(), &WakeRule::All);
 }
 
-async fn release_dropped(job: ReleaseJob) {
-    let hold = job.hold;
-    let lock = hold.driver.keys().name();
+async fn release_dropped(hold: Arc<DriverHold>) {
+    let lock = hold.lock.keys().name();
     match release_hold(&hold).await {
         Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
         Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),
