@@ -29,18 +29,14 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{Config, NotificationMode};
 use crate::context::Context;
-use crate::engine::release::run_release_worker;
 use crate::engine::{Core, Engine};
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
 use crate::layout::Layout;
-use crate::lease::run_watchdog;
 use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::redlock::Redlock;
 use crate::lock::rwlock::RwLock;
 use crate::notify::{hang_up, pubsub, stream, Reader, WaiterTable};
-use crate::queue::run_heartbeat;
-use crate::watch::run_watch;
 
 /// A `maxmemory-policy` of the `allkeys-*` family lets Redis evict any key under memory
 /// pressure, held locks included, which no lease can guard against: say so at connect
@@ -262,34 +258,7 @@ impl LockClient {
             }
         }
         let (release_tx, release_rx) = mpsc::unbounded_channel();
-        // Each task holds the core (never the engine: see `Engine`) and stops on shutdown, or
-        // once the engine's end of its channel is gone.
-        let (watchdog, heartbeat, watcher) = (core.clone(), core.clone(), core.clone());
-        let (shutdown_1, shutdown_2, shutdown_3) = (
-            shutdown_rx.clone(),
-            shutdown_rx.clone(),
-            shutdown_rx.clone(),
-        );
-        tasks.extend([
-            tokio::spawn(async move {
-                run_watchdog(watchdog.ctx.clone(), &watchdog.holds, shutdown_1).await
-            }),
-            tokio::spawn(async move {
-                let waiters = heartbeat.waiters.clone();
-                run_heartbeat(
-                    heartbeat.ctx.clone(),
-                    &heartbeat.queued,
-                    waiters,
-                    shutdown_2,
-                )
-                .await
-            }),
-            tokio::spawn(async move {
-                let (holds, waiters) = (&watcher.holds, &watcher.waiters);
-                run_watch(watcher.ctx.clone(), holds, waiters, shutdown_3).await
-            }),
-            tokio::spawn(run_release_worker(release_rx, shutdown_rx)),
-        ]);
+        tasks.extend(core.start_tasks(release_rx, shutdown_rx));
         tracing::info!(
             url = %config.redacted_url(),
             mode = config.notification.as_str(),
@@ -360,7 +329,7 @@ impl LockClient {
 
     /// Releases every hold, stops the tasks and closes the connections this client opened.
     /// Pending and later acquisitions fail with [`Error::Shutdown`]; guards still alive report
-    /// [`LostCause::Shutdown`]. Idempotent.
+    /// [`LostCause::Shutdown`](crate::LostCause::Shutdown). Idempotent.
     pub async fn shutdown(&self) -> Result<()> {
         self.engine.shutdown().await
     }

@@ -3,7 +3,7 @@
 //! a release granted or handed over, and adopts the hold for the watchdog:
 //!
 //! ```text
-//!   register local waiter ──► try (script) ──► acquired? ──yes──► adopt hold, return guard
+//!   register local waiter ──► try (script) ──► acquired? ──yes──► adopt the hold, return it
 //!          ▲                                      │ no
 //!          └──── woken by an event, or the ◄──────┘ wait(min(event, holder's ttl, deadline))
 //!                holder's ttl ran out
@@ -165,8 +165,8 @@ async fn acquire_loop(
                 }
                 let timing = (sent_at, lease.initial());
                 let source = Source::OwnConnection { contended };
-                let guard = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-                return guard.await.map(Some);
+                let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
+                return hold.await.map(Some);
             }
             Some(Successor::Queued { ttl, token }) => {
                 last_busy = Some((sent_at, token));
@@ -196,7 +196,7 @@ async fn acquire_loop(
                     if let Some(registration) = registration.as_ref() {
                         registration.taken();
                     }
-                    let guard = take_up(
+                    let hold = take_up(
                         &driver,
                         &owner,
                         token,
@@ -205,7 +205,7 @@ async fn acquire_loop(
                         Source::OwnScript,
                         &mut queued,
                     );
-                    return guard.await.map(Some);
+                    return hold.await.map(Some);
                 }
                 Ok(Attempt::Busy { ttl, token }) => {
                     retry.reset();
@@ -267,7 +267,7 @@ async fn acquire_loop(
             tracing::trace!(token, "handed over by a release of this process");
             let ctx = &driver.engine().ctx;
             ctx.handed_over.fetch_add(1, Ordering::Relaxed);
-            let guard = take_up(
+            let hold = take_up(
                 &driver,
                 &owner,
                 token,
@@ -276,7 +276,7 @@ async fn acquire_loop(
                 Source::OwnConnection { contended },
                 &mut queued,
             );
-            return guard.await.map(Some);
+            return hold.await.map(Some);
         }
         let granted = registration.granted();
         if let Some((at, lasts)) = granted.and_then(|g| grant_times(last_busy, g)) {
@@ -284,7 +284,7 @@ async fn acquire_loop(
             tracing::trace!(token, "granted by the release");
             let ctx = &driver.engine().ctx;
             ctx.granted.fetch_add(1, Ordering::Relaxed);
-            let guard = take_up(
+            let hold = take_up(
                 &driver,
                 &owner,
                 token,
@@ -293,7 +293,7 @@ async fn acquire_loop(
                 Source::OtherClient { contended },
                 &mut queued,
             );
-            return guard.await.map(Some);
+            return hold.await.map(Some);
         }
         tracing::trace!(woken, "re-checking");
         driver.engine().ctx.check_open()?;
@@ -331,8 +331,9 @@ impl Drop for UnusedHandOver<'_> {
     }
 }
 
-/// Takes over this client's deferred release of the lock for `owner` (see `crate::engine::release`):
-/// handed over, or queued behind a grant when the queue's turn came (`waiting` only), or
+/// Takes over this client's deferred release of the lock for `owner` (see
+/// [`release`](super::release)): handed over, or queued behind a grant when the queue's turn
+/// came (`waiting` only), or
 /// None (no parked hold, or the call failed: the acquisition then asks like any other).
 /// Finished in the background if the caller goes away: a hold it was handed is then released,
 /// and a queue place left.

@@ -5,9 +5,8 @@
 //! A lock type is a small [`Driver`]: it knows its keys and scripts and answers "did I get the
 //! lock, and if not, for how long may the holder keep it". What only some lock types do is an
 //! optional capability: handing the lock straight to a waiter of this process on release
-//! ([`HandOver`], the barging mutex) and queueing waiters in Redis
-//! ([`RedisQueue`](crate::queue::RedisQueue), which the heartbeat watches). Everything else
-//! lives here, once:
+//! ([`HandOver`], the barging mutex) and queueing waiters in Redis ([`RedisQueue`], which the
+//! heartbeat watches). Everything else lives here, once:
 //!
 //! * [`acquire`](mod@acquire): the wait loop, taking up a hold that a release granted or handed
 //!   over, cancellation ([`Finish`]), the optional replica acknowledgement;
@@ -15,7 +14,7 @@
 //!   hand-over's release side and deferred releases.
 //!
 //! The engine sits above the lease, queue, watch and notify modules, whose registries it
-//! gathers in [`Core`], and below the lock types and the client.
+//! gathers in [`Core`] and whose tasks it starts, and below the lock types and the client.
 
 pub(crate) mod acquire;
 pub(crate) mod release;
@@ -32,10 +31,11 @@ use tokio::task::JoinHandle;
 
 use crate::context::{BoxFuture, Context};
 use crate::error::{NotHeldReason, Result};
-use crate::lease::{Hold, HoldKind, HoldRegistry, LostCause, ParkedHolds};
+use crate::lease::{run_watchdog, Hold, HoldKind, HoldRegistry, LostCause, ParkedHolds};
 use crate::notify::{hang_up, Bid, WaitKind, WaiterTable};
 use crate::owner::{op_id, Owner};
-use crate::queue::{QueuedWaiters, RedisQueue};
+use crate::queue::{run_heartbeat, QueuedWaiters, RedisQueue};
+use crate::watch::run_watch;
 
 pub(crate) use acquire::{acquire, Finish, Patience};
 
@@ -193,6 +193,35 @@ impl Core {
             }
         });
         core
+    }
+
+    /// Starts the background tasks over this state: the watchdog, the waiter heartbeat, the
+    /// data-loss watch and the release worker (fed by `releases`). Each holds the core (never
+    /// the [`Engine`]) and stops on `shutdown`, or once the engine's end of it is gone.
+    pub(crate) fn start_tasks(
+        self: &Arc<Core>,
+        releases: mpsc::UnboundedReceiver<Arc<DriverHold>>,
+        shutdown: watch::Receiver<bool>,
+    ) -> [JoinHandle<()>; 4] {
+        let (watchdog, heartbeat, watcher) = (self.clone(), self.clone(), self.clone());
+        let (shutdown_1, shutdown_2, shutdown_3) =
+            (shutdown.clone(), shutdown.clone(), shutdown.clone());
+        [
+            tokio::spawn(async move {
+                let core = &watchdog;
+                run_watchdog(core.ctx.clone(), &core.holds, shutdown_1).await
+            }),
+            tokio::spawn(async move {
+                let core = &heartbeat;
+                let waiters = core.waiters.clone();
+                run_heartbeat(core.ctx.clone(), &core.queued, waiters, shutdown_2).await
+            }),
+            tokio::spawn(async move {
+                let core = &watcher;
+                run_watch(core.ctx.clone(), &core.holds, &core.waiters, shutdown_3).await
+            }),
+            tokio::spawn(release::run_release_worker(releases, shutdown)),
+        ]
     }
 }
 
