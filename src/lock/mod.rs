@@ -87,6 +87,7 @@ impl<D: Driver> Acquirer<D> {
         acquire(self.driver.clone(), owner, self.lease(), patience)
     }
 
+    /// The guard of a hold the engine adopted for this handle.
     fn guard(&self, hold: Arc<DriverHold>) -> LockGuard {
         LockGuard::new(hold, self.driver.engine().clone())
     }
