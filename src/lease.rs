@@ -1,8 +1,11 @@
 //! Leases: the local record of every hold, the watchdog that renews them, and the lease-lost
-//! signal. Releases live in `crate::release`.
+//! signal. Releases live in the engine (`crate::engine`), above this module.
 //!
 //! Each hold (one lock, one owner) is a [`Hold`] in the client's [`HoldRegistry`], shared by
-//! all guards that re-entered it. The single watchdog task of a client wakes at the earliest
+//! all guards that re-entered it. A hold knows its lock only through [`HoldKind`]: its keys,
+//! its role and how to renew it, which is all the watchdog needs; the lock types' drivers
+//! implement it (the engine's `Driver` extends it), so this module sits below the engine and
+//! works over the shared [`Context`] alone. The single watchdog task of a client wakes at the earliest
 //! renewal or deadline of any hold, renews every due hold with one script call per
 //! (script, hash slot, lease) batch, and fires the hold's lost signal when Redis says the hold
 //! is gone or when its deadline passes without a successful renewal. Deadlines are measured
@@ -18,12 +21,12 @@ use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::client::Core;
 use crate::config::{check_lease, MAX_DURATION};
-use crate::engine::Driver;
+use crate::context::Context;
 use crate::error::{Error, Result};
+use crate::keys::LockKeys;
 use crate::owner::Owner;
-use crate::scripts::{int_array, Script};
+use crate::scripts::{int_array, Script, SCRIPTS};
 
 /// How a hold's lease is kept alive.
 ///
@@ -138,6 +141,29 @@ impl PartialEq for LostCause {
 
 impl Eq for LostCause {}
 
+/// What a hold needs from its lock kind: its keys, its role, and how to renew it. Every lock
+/// type's driver implements it; the watchdog, [`renew`] and [`verify_holds`] use nothing else.
+pub(crate) trait HoldKind: Send + Sync + 'static {
+    /// The lock's keys.
+    fn keys(&self) -> &LockKeys;
+    /// Distinguishes different kinds of hold on the same lock by the same owner (read/write).
+    fn hold_role(&self) -> &'static str {
+        ""
+    }
+    /// The script that renews holds of this kind (see `lua/hold_renew.lua` for its contract).
+    fn renew_script(&self) -> &'static Script {
+        &SCRIPTS.hold_renew
+    }
+    /// The keys this lock passes to its renew script for one hold (default: the hold key).
+    fn renew_keys(&self) -> Vec<String> {
+        vec![self.keys().key("")]
+    }
+    /// The arguments this lock passes to its renew script for one hold.
+    fn renew_args(&self, owner: &Owner, token: u64) -> Vec<Value> {
+        vec![owner.id().into(), token.to_string().into()]
+    }
+}
+
 /// Per-hold renewal bookkeeping, guarded by a std mutex (never held across an await).
 #[derive(Debug)]
 struct Timing {
@@ -150,9 +176,10 @@ struct Timing {
     extended_at: Option<Instant>,
 }
 
-/// One hold: one owner's (possibly re-entered) hold on one lock.
-pub(crate) struct Hold {
-    pub(crate) driver: Arc<dyn Driver>,
+/// One hold: one owner's (possibly re-entered) hold on one lock, of kind `K` (the engine's
+/// holds are of its drivers, `Hold<dyn Driver>`).
+pub(crate) struct Hold<K: ?Sized + HoldKind> {
+    pub(crate) lock: Arc<K>,
     pub(crate) owner: Owner,
     pub(crate) token: u64,
     pub(crate) lease: Lease,
@@ -161,12 +188,12 @@ pub(crate) struct Hold {
     timing: StdMutex<Timing>,
     guards: AtomicUsize,
     /// Other acquisitions waited for the lock when this hold began (it was granted or handed
-    /// over): its release is worth deferring for a task of this client (`crate::release`).
+    /// over): its release is worth deferring for a task of this client (see `crate::engine::release`).
     pub(crate) contended: bool,
     lost: watch::Sender<Option<LostCause>>,
 }
 
-impl Hold {
+impl<K: ?Sized + HoldKind> Hold<K> {
     pub(crate) fn deadline(&self) -> Instant {
         self.timing().deadline
     }
@@ -196,7 +223,7 @@ impl Hold {
         });
         if fired {
             tracing::warn!(
-                lock = self.driver.keys().name(),
+                lock = self.lock.keys().name(),
                 token = self.token,
                 ?cause,
                 "lease lost"
@@ -206,8 +233,9 @@ impl Hold {
     }
 
     /// Records a successful explicit extension sent at `sent_at`: Redis set the remaining
-    /// lease to `lease`, shorter or longer than before, and so does the local deadline.
-    pub(crate) fn extended(&self, sent_at: Instant, lease: Duration) {
+    /// lease to `lease`, shorter or longer than before, and so does the local deadline (see
+    /// [`HoldRegistry::extended`], which also tells the watchdog).
+    fn extended(&self, sent_at: Instant, lease: Duration) {
         let mut timing = self.timing();
         timing.deadline = sent_at + lease;
         timing.extended_at = Some(sent_at);
@@ -218,9 +246,6 @@ impl Hold {
                 Lease::Watchdog { .. } => Some(sent_at + lease / 3),
             };
         }
-        drop(timing);
-        // The deadline may be sooner than the watchdog's next wake-up.
-        self.driver.client().holds().kick.notify_one();
     }
 
     /// Records a successful renewal sent at `sent_at` for `lease`.
@@ -266,10 +291,10 @@ impl Hold {
 }
 
 /// Every live hold of one client, by (role, owner, lock).
-pub(crate) struct HoldRegistry {
-    holds: DashMap<String, Arc<Hold>>,
+pub(crate) struct HoldRegistry<K: ?Sized + HoldKind> {
+    holds: DashMap<String, Arc<Hold<K>>>,
     /// The holds of `holds` by lock id (several owners of a shared lock).
-    by_lock: DashMap<Arc<str>, Vec<Arc<Hold>>>,
+    by_lock: DashMap<Arc<str>, Vec<Arc<Hold<K>>>>,
     /// Wakes the watchdog early, when a new hold is due before its planned wake-up.
     kick: Notify,
     /// When the watchdog plans to wake up next, in ms since `epoch`.
@@ -277,7 +302,7 @@ pub(crate) struct HoldRegistry {
     epoch: Instant,
 }
 
-impl Default for HoldRegistry {
+impl<K: ?Sized + HoldKind> Default for HoldRegistry<K> {
     fn default() -> Self {
         HoldRegistry {
             holds: DashMap::new(),
@@ -289,7 +314,7 @@ impl Default for HoldRegistry {
     }
 }
 
-impl HoldRegistry {
+impl<K: ?Sized + HoldKind> HoldRegistry<K> {
     /// Records a successful acquisition: joins the owner's existing hold with the same token
     /// (re-entry) or starts a new one. Returns the hold the new guard belongs to.
     ///
@@ -298,22 +323,17 @@ impl HoldRegistry {
     /// (see `lua/lib/hold.lua`), which is renewed to the full lease a third of `lasts` later.
     pub(crate) fn adopt(
         &self,
-        driver: Arc<dyn Driver>,
+        lock: Arc<K>,
         owner: &Owner,
         token: u64,
         lease: Lease,
         (sent_at, lasts): (Instant, Duration),
         contended: bool,
-    ) -> Arc<Hold> {
-        let key = format!(
-            "{}|{}|{}",
-            driver.hold_role(),
-            owner.id(),
-            driver.keys().id()
-        );
+    ) -> Arc<Hold<K>> {
+        let key = format!("{}|{}|{}", lock.hold_role(), owner.id(), lock.keys().id());
         let initial = lease.initial();
         let lasts = lasts.min(initial);
-        let fresh = |driver: Arc<dyn Driver>| {
+        let fresh = |lock: Arc<K>| {
             let renew_at = if lasts < initial {
                 // A short grant is topped up to the full lease on the watchdog's usual rhythm
                 // (a third into what it has): a hold released before then costs no renewal.
@@ -322,7 +342,7 @@ impl HoldRegistry {
                 matches!(lease, Lease::Watchdog { .. }).then(|| sent_at + initial / 3)
             };
             Arc::new(Hold {
-                driver,
+                lock,
                 owner: owner.clone(),
                 token,
                 lease,
@@ -347,20 +367,20 @@ impl HoldRegistry {
                     existing.renewed(sent_at, lasts.min(existing.lease.initial()));
                     existing.clone()
                 } else {
-                    let hold = fresh(driver);
+                    let hold = fresh(lock);
                     let old = entry.insert(hold.clone());
                     if old.token != token {
                         old.mark_lost(LostCause::TokenChanged);
                     }
                     self.forget_lock(&old);
-                    let lock_id = hold.driver.keys().id().clone();
+                    let lock_id = hold.lock.keys().id().clone();
                     self.by_lock.entry(lock_id).or_default().push(hold.clone());
                     hold
                 }
             }
             dashmap::Entry::Vacant(entry) => {
-                let hold = entry.insert(fresh(driver)).clone();
-                let lock_id = hold.driver.keys().id().clone();
+                let hold = entry.insert(fresh(lock)).clone();
+                let lock_id = hold.lock.keys().id().clone();
                 self.by_lock.entry(lock_id).or_default().push(hold.clone());
                 hold
             }
@@ -377,8 +397,15 @@ impl HoldRegistry {
         hold
     }
 
+    /// Records a successful explicit extension of `hold` (see [`Hold::extended`]) and wakes
+    /// the watchdog: the deadline may be sooner than its next wake-up.
+    pub(crate) fn extended(&self, hold: &Hold<K>, sent_at: Instant, lease: Duration) {
+        hold.extended(sent_at, lease);
+        self.kick.notify_one();
+    }
+
     /// Forgets one guard of `hold`; the hold leaves the registry with its last guard.
-    pub(crate) fn release_guard(&self, hold: &Arc<Hold>) {
+    pub(crate) fn release_guard(&self, hold: &Arc<Hold<K>>) {
         if let dashmap::Entry::Occupied(entry) = self.holds.entry(hold.key.clone()) {
             if Arc::ptr_eq(entry.get(), hold) && hold.guards.fetch_sub(1, Ordering::AcqRel) == 1 {
                 entry.remove();
@@ -388,14 +415,14 @@ impl HoldRegistry {
     }
 
     /// Every live hold (a snapshot).
-    pub(crate) fn all(&self) -> Vec<Arc<Hold>> {
+    pub(crate) fn all(&self) -> Vec<Arc<Hold<K>>> {
         self.holds.iter().map(|e| e.value().clone()).collect()
     }
 
     /// Removes and returns every hold (shutdown).
-    pub(crate) fn drain(&self) -> Vec<Arc<Hold>> {
+    pub(crate) fn drain(&self) -> Vec<Arc<Hold<K>>> {
         let keys: Vec<String> = self.holds.iter().map(|e| e.key().clone()).collect();
-        let holds: Vec<Arc<Hold>> = keys
+        let holds: Vec<Arc<Hold<K>>> = keys
             .into_iter()
             .filter_map(|k| self.holds.remove(&k).map(|(_, h)| h))
             .collect();
@@ -405,10 +432,10 @@ impl HoldRegistry {
         holds
     }
 
-    /// The earliest lease deadline of this client's holds of `driver`'s lock for other owners
-    /// than `owner` (any role), if there are any.
-    pub(crate) fn held_by_other(&self, driver: &dyn Driver, owner: &Owner) -> Option<Instant> {
-        let holds = self.by_lock.get(driver.keys().id().as_ref())?;
+    /// The earliest lease deadline of this client's holds of the lock `lock_id` for other
+    /// owners than `owner` (any role), if there are any.
+    pub(crate) fn held_by_other(&self, lock_id: &str, owner: &Owner) -> Option<Instant> {
+        let holds = self.by_lock.get(lock_id)?;
         holds
             .iter()
             .filter(|hold| hold.owner.id() != owner.id() && hold.lost_cause().is_none())
@@ -416,8 +443,8 @@ impl HoldRegistry {
             .min()
     }
 
-    fn forget_lock(&self, hold: &Arc<Hold>) {
-        let lock_id = hold.driver.keys().id();
+    fn forget_lock(&self, hold: &Arc<Hold<K>>) {
+        let lock_id = hold.lock.keys().id();
         if let dashmap::Entry::Occupied(mut entry) = self.by_lock.entry(lock_id.clone()) {
             entry.get_mut().retain(|other| !Arc::ptr_eq(other, hold));
             if entry.get().is_empty() {
@@ -438,23 +465,29 @@ impl HoldRegistry {
 /// A batch of holds renewed by one script call: same script, same hash slot, same lease.
 type BatchKey = (&'static str, u16, u64);
 
+/// Holds due for renewal, each with the lease to request.
+type Due<K> = Vec<(Arc<Hold<K>>, Duration)>;
+
 /// The watchdog: one task per client renewing every hold in batches.
 ///
 /// Renewals run as their own tasks, so a slow or hanging server never delays the deadline
 /// checks of other holds: a hold whose renewal does not come back in time is declared lost at
 /// its deadline.
-pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<bool>) {
+pub(crate) async fn run_watchdog<K: ?Sized + HoldKind>(
+    ctx: Arc<Context>,
+    registry: &HoldRegistry<K>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     const MAX_BATCH: usize = 256;
     let mut renewals = tokio::task::JoinSet::new();
     loop {
         // While scanning, every new hold kicks (the scan may miss it); afterwards only holds
         // due before the planned wake-up do.
-        core.holds.next_wake_ms.store(u64::MAX, Ordering::Release);
+        registry.next_wake_ms.store(u64::MAX, Ordering::Release);
         let now = Instant::now();
         let mut next = now + Duration::from_secs(3600);
-        let mut batches: std::collections::HashMap<BatchKey, Vec<(Arc<Hold>, Duration)>> =
-            Default::default();
-        for entry in core.holds.holds.iter() {
+        let mut batches: std::collections::HashMap<BatchKey, Due<K>> = Default::default();
+        for entry in registry.holds.iter() {
             let hold = entry.value();
             if hold.lost_cause().is_some() {
                 continue;
@@ -481,10 +514,10 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
                 Some(lease) => {
                     // In flight: not due again until it answers (or a retry is scheduled).
                     timing.renew_at = Some(timing.deadline);
-                    let script = hold.driver.renew_script();
+                    let script = hold.lock.renew_script();
                     let key = (
                         script.name(),
-                        hold.driver.keys().shard(),
+                        hold.lock.keys().shard(),
                         lease.as_millis() as u64,
                     );
                     batches.entry(key).or_default().push((hold.clone(), lease));
@@ -494,17 +527,17 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
         }
         for (_, holds) in batches {
             for chunk in holds.chunks(MAX_BATCH) {
-                renewals.spawn(renew_batch(core.clone(), chunk.to_vec()));
+                renewals.spawn(renew_batch(ctx.clone(), chunk.to_vec()));
             }
         }
 
         let sleep_until = next.max(Instant::now() + Duration::from_millis(1));
-        core.holds
+        registry
             .next_wake_ms
-            .store(core.holds.ms_since_epoch(sleep_until), Ordering::Release);
+            .store(registry.ms_since_epoch(sleep_until), Ordering::Release);
         tokio::select! {
             _ = tokio::time::sleep_until(sleep_until) => {}
-            _ = core.holds.kick.notified() => {}
+            _ = registry.kick.notified() => {}
             Some(_) = renewals.join_next(), if !renewals.is_empty() => {}
             _ = shutdown.changed() => return,
         }
@@ -516,19 +549,23 @@ pub(crate) async fn run_watchdog(core: Arc<Core>, mut shutdown: watch::Receiver<
 
 /// One renew script call for holds that share a script and a hash slot: each gets `lease`
 /// from now. Returns one code per hold (see `lua/hold_renew.lua`).
-pub(crate) async fn renew(core: &Core, holds: &[&Arc<Hold>], lease: Duration) -> Result<Vec<i64>> {
+pub(crate) async fn renew<K: ?Sized + HoldKind>(
+    ctx: &Context,
+    holds: &[&Arc<Hold<K>>],
+    lease: Duration,
+) -> Result<Vec<i64>> {
     let Some(first) = holds.first() else {
         return Ok(Vec::new());
     };
-    let script: &Script = first.driver.renew_script();
+    let script: &Script = first.lock.renew_script();
     let mut keys = Vec::with_capacity(holds.len());
     let mut args: Vec<Value> = vec![(lease.as_millis() as i64).into()];
     for hold in holds {
-        keys.extend(hold.driver.renew_keys());
-        args.extend(hold.driver.renew_args(&hold.owner, hold.token));
+        keys.extend(hold.lock.renew_keys());
+        args.extend(hold.lock.renew_args(&hold.owner, hold.token));
     }
-    let reply = core
-        .run(script, first.driver.keys().name(), keys, args)
+    let reply = ctx
+        .run(script, first.lock.keys().name(), keys, args)
         .await?;
     int_array(script.name(), reply)
 }
@@ -537,23 +574,20 @@ pub(crate) async fn renew(core: &Core, holds: &[&Arc<Hold>], lease: Duration) ->
 /// scripts with lease 0), and reports each hold that is gone through its lost signal. Called
 /// when the client saw signs that the server lost data (see [`crate::watch`]). A batch whose
 /// check fails is left to the watchdog and the hold's deadline.
-pub(crate) async fn verify_holds(core: &Core) {
+pub(crate) async fn verify_holds<K: ?Sized + HoldKind>(ctx: &Context, registry: &HoldRegistry<K>) {
     const MAX_BATCH: usize = 256;
-    let mut batches: std::collections::HashMap<(&'static str, u16), Vec<Arc<Hold>>> =
+    let mut batches: std::collections::HashMap<(&'static str, u16), Vec<Arc<Hold<K>>>> =
         Default::default();
-    for hold in core.holds.all() {
+    for hold in registry.all() {
         if hold.lost_cause().is_none() {
-            let key = (
-                hold.driver.renew_script().name(),
-                hold.driver.keys().shard(),
-            );
+            let key = (hold.lock.renew_script().name(), hold.lock.keys().shard());
             batches.entry(key).or_default().push(hold);
         }
     }
     for (_, holds) in batches {
         for chunk in holds.chunks(MAX_BATCH) {
-            let refs: Vec<&Arc<Hold>> = chunk.iter().collect();
-            match renew(core, &refs, Duration::ZERO).await {
+            let refs: Vec<&Arc<Hold<K>>> = chunk.iter().collect();
+            match renew(ctx, &refs, Duration::ZERO).await {
                 Ok(codes) => {
                     for (hold, code) in chunk.iter().zip(codes) {
                         if code != 1 {
@@ -568,7 +602,12 @@ pub(crate) async fn verify_holds(core: &Core) {
 }
 
 /// Applies a renew code to its hold.
-pub(crate) fn apply_renewal(hold: &Hold, code: i64, sent_at: Instant, lease: Duration) {
+pub(crate) fn apply_renewal<K: ?Sized + HoldKind>(
+    hold: &Hold<K>,
+    code: i64,
+    sent_at: Instant,
+    lease: Duration,
+) {
     match code {
         1 => hold.renewed(sent_at, lease),
         0 => hold.mark_lost(LostCause::KeyDeleted),
@@ -578,7 +617,7 @@ pub(crate) fn apply_renewal(hold: &Hold, code: i64, sent_at: Instant, lease: Dur
 }
 
 /// Renews one batch and applies each result to its hold.
-async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
+async fn renew_batch<K: ?Sized + HoldKind>(ctx: Arc<Context>, holds: Due<K>) {
     let Some((_, lease)) = holds.first() else {
         return;
     };
@@ -589,8 +628,8 @@ async fn renew_batch(core: Arc<Core>, holds: Vec<(Arc<Hold>, Duration)>) {
         holds = holds.len(),
         lease_ms = lease.as_millis() as u64
     );
-    let refs: Vec<&Arc<Hold>> = holds.iter().map(|(hold, _)| hold).collect();
-    match renew(&core, &refs, lease).instrument(span).await {
+    let refs: Vec<&Arc<Hold<K>>> = holds.iter().map(|(hold, _)| hold).collect();
+    match renew(&ctx, &refs, lease).instrument(span).await {
         Ok(codes) => {
             for ((hold, lease), code) in holds.iter().zip(codes) {
                 apply_renewal(hold, code, sent_at, *lease);

@@ -58,6 +58,7 @@
 
 mod client;
 mod config;
+mod context;
 mod engine;
 mod error;
 mod keys;
@@ -67,7 +68,6 @@ mod lock;
 mod notify;
 mod owner;
 mod queue;
-mod release;
 mod scripts;
 mod watch;
 

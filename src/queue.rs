@@ -15,6 +15,10 @@
 //!
 //! A waiter that the heartbeat finds gone from its queue is woken to try again; its next
 //! attempt re-joins the queue at the tail, or takes the lock.
+//!
+//! A queued waiter's lock is known here only as a [`RedisQueue`] (its script keys, and how to
+//! leave its queue), which the lock types' drivers implement: this module sits below the
+//! engine and works over the shared [`Context`] and the [`WaiterTable`] alone.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,20 +27,29 @@ use dashmap::DashMap;
 use fred::types::Value;
 use tokio::sync::watch;
 
-use crate::client::Core;
-use crate::engine::Driver;
-use crate::notify::WakeRule;
-use crate::scripts::{int_array, Key, SCRIPTS};
+use crate::context::{BoxFuture, Context};
+use crate::error::Result;
+use crate::notify::{WaiterTable, WakeRule};
+use crate::scripts::{int_array, Key, ScriptKeys, SCRIPTS};
+
+/// A lock whose waiting attempts join a queue in Redis, which the waiter must leave when it
+/// gives up and which the heartbeat watches meanwhile.
+pub(crate) trait RedisQueue: Send + Sync + 'static {
+    /// This lock's script keys: its kind and its group in the batched heartbeat.
+    fn queue_keys(&self) -> ScriptKeys<'_>;
+    /// Leaves the Redis-side wait queue after a timeout or cancellation.
+    fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>>;
+}
 
 /// The queued waiters of one client, by waiter id.
 #[derive(Default)]
 pub(crate) struct QueuedWaiters {
-    waiters: DashMap<Arc<str>, Arc<dyn Driver>>,
+    waiters: DashMap<Arc<str>, Arc<dyn RedisQueue>>,
 }
 
 impl QueuedWaiters {
-    pub(crate) fn join(&self, waiter: Arc<str>, driver: Arc<dyn Driver>) {
-        self.waiters.insert(waiter, driver);
+    pub(crate) fn join(&self, waiter: Arc<str>, lock: Arc<dyn RedisQueue>) {
+        self.waiters.insert(waiter, lock);
     }
 
     pub(crate) fn leave(&self, waiter: &Arc<str>) {
@@ -51,9 +64,15 @@ impl QueuedWaiters {
 /// Most locks per heartbeat call (keeps each script short).
 const MAX_LOCKS_PER_CALL: usize = 128;
 
-/// The heartbeat task: runs until shutdown.
-pub(crate) async fn run_heartbeat(core: Arc<Core>, mut shutdown: watch::Receiver<bool>) {
-    let period = core.config.waiter_lease / 3;
+/// The heartbeat task over `queued`: runs until shutdown. Wakes the displaced waiters in
+/// `waiters`.
+pub(crate) async fn run_heartbeat(
+    ctx: Arc<Context>,
+    queued: &QueuedWaiters,
+    waiters: Arc<WaiterTable>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let period = ctx.config.waiter_lease / 3;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(period) => {}
@@ -62,23 +81,24 @@ pub(crate) async fn run_heartbeat(core: Arc<Core>, mut shutdown: watch::Receiver
         if *shutdown.borrow() {
             return;
         }
-        beat(&core).await;
+        beat(&ctx, queued, &waiters).await;
     }
 }
 
 /// One heartbeat round over every queued waiter of the client.
-async fn beat(core: &Arc<Core>) {
-    // (shard, read-write?) -> lock id -> (driver, waiter ids)
+async fn beat(ctx: &Arc<Context>, queued: &QueuedWaiters, waiters: &Arc<WaiterTable>) {
+    // (shard, read-write?) -> lock id -> (lock, waiter ids)
     type Locks = HashMap<Arc<str>, LockWaiters>;
     let mut shards: HashMap<(u16, bool), Locks> = HashMap::new();
-    for entry in core.queued.waiters.iter() {
-        let driver = entry.value();
-        let keys = driver.keys();
+    for entry in queued.waiters.iter() {
+        let lock = entry.value();
+        let queue_keys = lock.queue_keys();
+        let keys = queue_keys.lock();
         shards
             .entry((keys.shard(), keys.kind() == "rw"))
             .or_default()
             .entry(keys.id().clone())
-            .or_insert_with(|| (driver.clone(), Vec::new()))
+            .or_insert_with(|| (lock.clone(), Vec::new()))
             .1
             .push(entry.key().clone());
     }
@@ -86,10 +106,11 @@ async fn beat(core: &Arc<Core>) {
     for ((_, rw), locks) in shards {
         let locks: Vec<_> = locks.into_values().collect();
         for chunk in locks.chunks(MAX_LOCKS_PER_CALL) {
+            let (ctx, waiters) = (ctx.clone(), waiters.clone());
             if rw {
-                calls.spawn(beat_shard(core.clone(), chunk.to_vec()));
+                calls.spawn(beat_shard(ctx, waiters, chunk.to_vec()));
             } else {
-                calls.spawn(check_places(core.clone(), chunk.to_vec()));
+                calls.spawn(check_places(ctx, waiters, chunk.to_vec()));
             }
         }
     }
@@ -97,71 +118,69 @@ async fn beat(core: &Arc<Core>) {
 }
 
 /// The waiters of one lock in one heartbeat call.
-type LockWaiters = (Arc<dyn Driver>, Vec<Arc<str>>);
+type LockWaiters = (Arc<dyn RedisQueue>, Vec<Arc<str>>);
 
 /// Finds which waiters of up to [`MAX_LOCKS_PER_CALL`] exclusive locks of one shard lost their
 /// place (`lua/hold_heartbeat.lua`), and wakes them.
-async fn check_places(core: Arc<Core>, locks: Vec<LockWaiters>) {
-    let Some((first_driver, _)) = locks.first() else {
+async fn check_places(ctx: Arc<Context>, waiter_table: Arc<WaiterTable>, locks: Vec<LockWaiters>) {
+    let Some((first_lock, _)) = locks.first() else {
         return;
     };
     let script = &SCRIPTS.hold_heartbeat;
     let mut keys = Vec::with_capacity(locks.len());
     let mut args: Vec<Value> = Vec::new();
-    for (driver, waiters) in &locks {
-        keys.push(driver.keys().key(""));
+    for (lock, waiters) in &locks {
+        keys.push(lock.queue_keys().lock().key(""));
         args.push((waiters.len() as i64).into());
         args.extend(waiters.iter().map(|w| Value::from(w.as_ref())));
     }
-    let reply = core
-        .run(script, first_driver.keys().name(), keys, args)
+    let reply = ctx
+        .run(script, first_lock.queue_keys().lock().name(), keys, args)
         .await
         .and_then(|value| int_array(script.name(), value));
-    wake_the_displaced(&core, &locks, reply);
+    wake_the_displaced(&waiter_table, &locks, reply);
 }
 
 /// Refreshes the waiters of up to [`MAX_LOCKS_PER_CALL`] read-write locks of one shard.
-async fn beat_shard(core: Arc<Core>, locks: Vec<LockWaiters>) {
-    let Some((first_driver, _)) = locks.first() else {
+async fn beat_shard(ctx: Arc<Context>, waiter_table: Arc<WaiterTable>, locks: Vec<LockWaiters>) {
+    let Some((first_lock, _)) = locks.first() else {
         return;
     };
-    let Some(first) = first_driver.wait_queue() else {
-        return;
-    };
+    let first = first_lock.queue_keys();
     let script = &SCRIPTS.queue_heartbeat;
     let mut keys = Vec::new();
-    let mut args: Vec<Value> = vec![(core.config.waiter_lease.as_millis() as i64).into()];
-    args.extend(core.event_args_mode());
-    for (driver, waiters) in &locks {
-        let Some(lock) = driver.wait_queue() else {
-            continue;
-        };
-        keys.extend(lock.group(Key::Alive));
-        args.push(lock.kind().into());
-        args.push(driver.keys().id().as_ref().into());
+    let mut args: Vec<Value> = vec![(ctx.config.waiter_lease.as_millis() as i64).into()];
+    args.extend(ctx.event_args_mode());
+    for (lock, waiters) in &locks {
+        let queue = lock.queue_keys();
+        keys.extend(queue.group(Key::Alive));
+        args.push(queue.kind().into());
+        args.push(queue.lock().id().as_ref().into());
         args.push((waiters.len() as i64).into());
         args.extend(waiters.iter().map(|w| Value::from(w.as_ref())));
     }
     keys.extend(first.shard_events());
-    let reply = core
-        .run(script, first_driver.keys().name(), keys, args)
+    let reply = ctx
+        .run(script, first.lock().name(), keys, args)
         .await
         .and_then(|value| int_array(script.name(), value));
-    wake_the_displaced(&core, &locks, reply);
+    wake_the_displaced(&waiter_table, &locks, reply);
 }
 
 /// Wakes each waiter whose code in a heartbeat reply is 0 (not queued any more), so that it
 /// tries again (and joins the queue again if it still waits).
-fn wake_the_displaced(core: &Core, locks: &[LockWaiters], reply: crate::Result<Vec<i64>>) {
+fn wake_the_displaced(waiter_table: &WaiterTable, locks: &[LockWaiters], reply: Result<Vec<i64>>) {
     match reply {
         Ok(codes) => {
             let waiters = locks
                 .iter()
-                .flat_map(|(driver, ids)| ids.iter().map(move |id| (driver, id)));
-            for ((driver, waiter), code) in waiters.zip(codes) {
+                .flat_map(|(lock, ids)| ids.iter().map(move |id| (lock, id)));
+            for ((lock, waiter), code) in waiters.zip(codes) {
                 if code == 0 {
-                    core.waiters
-                        .dispatch(driver.keys().id(), &WakeRule::Named(waiter.to_string()));
+                    waiter_table.dispatch(
+                        lock.queue_keys().lock().id(),
+                        &WakeRule::Named(waiter.to_string()),
+                    );
                 }
             }
         }

@@ -29,7 +29,7 @@ pub(crate) struct Script {
     body: String,
     sha: String,
     /// Whether the script issues fencing tokens (its header declares the fence argument): its
-    /// last argument is then the fence argument, which [`crate::client::Core::run`] appends.
+    /// last argument is then the fence argument, which [`crate::context::Context::run`] appends.
     issues_tokens: bool,
 }
 
@@ -268,6 +268,11 @@ impl<'a> ScriptKeys<'a> {
     /// exclusive locks pass `"wait"`, unused).
     pub(crate) fn new(lock: &'a LockKeys, own: &'static str) -> Self {
         ScriptKeys { lock, own }
+    }
+
+    /// The lock these keys are of.
+    pub(crate) fn lock(&self) -> &'a LockKeys {
+        self.lock
     }
 
     /// The lock's kind, as the queue scripts take it (`"fair"` or `"rw"`).

@@ -32,9 +32,18 @@ use fred::interfaces::{EventInterface, KeysInterface};
 use fred::types::{Expiration, Value};
 use tokio::sync::watch;
 
-use crate::client::Core;
+use crate::config::NotificationMode;
+use crate::context::Context;
 use crate::error::{Error, Result};
-use crate::lease::verify_holds;
+use crate::lease::{verify_holds, HoldKind, HoldRegistry};
+use crate::notify::{stream, WaiterTable};
+
+/// What a check needs: the context, the client's holds and its waiters.
+struct Watched<'a, K: ?Sized + HoldKind> {
+    ctx: &'a Context,
+    holds: &'a HoldRegistry<K>,
+    waiters: &'a WaiterTable,
+}
 
 /// How often a client that keeps holds probes its marker key.
 pub(crate) const PROBE_PERIOD: Duration = Duration::from_millis(250);
@@ -43,9 +52,19 @@ pub(crate) const PROBE_PERIOD: Duration = Duration::from_millis(250);
 pub(crate) const MARKER_TTL: Duration = Duration::from_secs(600);
 
 /// The watch task of one client: runs until shutdown.
-pub(crate) async fn run_watch(core: Arc<Core>, mut shutdown: watch::Receiver<bool>) {
-    let mut reconnects = core.redis.reconnect_rx();
-    if let Err(error) = set_marker(&core).await {
+pub(crate) async fn run_watch<K: ?Sized + HoldKind>(
+    ctx: Arc<Context>,
+    holds: &HoldRegistry<K>,
+    waiters: &WaiterTable,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let watched = Watched {
+        ctx: &ctx,
+        holds,
+        waiters,
+    };
+    let mut reconnects = ctx.redis.reconnect_rx();
+    if let Err(error) = set_marker(&ctx).await {
         tracing::debug!(%error, "cannot write the marker key yet");
     }
     let mut probe = tokio::time::interval(PROBE_PERIOD);
@@ -61,15 +80,15 @@ pub(crate) async fn run_watch(core: Arc<Core>, mut shutdown: watch::Receiver<boo
                 // Missed notifications: still a reconnect.
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => Some("reconnect"),
                 Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                    reconnects = core.redis.reconnect_rx();
+                    reconnects = ctx.redis.reconnect_rx();
                     None
                 }
             },
             _ = probe.tick() => {
-                if core.holds.len() == 0 {
+                if holds.len() == 0 {
                     None
                 } else {
-                    match data_lost(&core).await {
+                    match data_lost(&watched).await {
                         Ok(true) => Some("data loss"),
                         Ok(false) => None,
                         Err(error) => {
@@ -84,20 +103,20 @@ pub(crate) async fn run_watch(core: Arc<Core>, mut shutdown: watch::Receiver<boo
             return;
         }
         if let Some(reason) = reason {
-            check_after_loss(&core, reason).await;
+            check_after_loss(&watched, reason).await;
         }
     }
 }
 
 /// The client's marker key.
-fn marker(core: &Core) -> String {
-    format!("{}:client:{}", core.layout.key(), core.inbox_tag)
+fn marker(ctx: &Context) -> String {
+    format!("{}:client:{}", ctx.layout.key(), ctx.inbox_tag)
 }
 
-async fn set_marker(core: &Core) -> Result<()> {
-    let key = marker(core);
+async fn set_marker(ctx: &Context) -> Result<()> {
+    let key = marker(ctx);
     let expiry = Expiration::PX(MARKER_TTL.as_millis() as i64);
-    let _: Value = core
+    let _: Value = ctx
         .redis
         .set(key.as_str(), "1", Some(expiry), None, false)
         .await
@@ -107,9 +126,10 @@ async fn set_marker(core: &Core) -> Result<()> {
 
 /// Whether the server shows a trace of a data loss: the client's marker key, or (on a
 /// cluster) the fence key of a shard this client holds a lock in, is gone.
-async fn data_lost(core: &Core) -> Result<bool> {
-    let key = marker(core);
-    let kept: bool = core
+async fn data_lost<K: ?Sized + HoldKind>(watched: &Watched<'_, K>) -> Result<bool> {
+    let ctx = watched.ctx;
+    let key = marker(ctx);
+    let kept: bool = ctx
         .redis
         .pexpire(key.as_str(), MARKER_TTL.as_millis() as i64, None)
         .await
@@ -117,20 +137,20 @@ async fn data_lost(core: &Core) -> Result<bool> {
     if !kept {
         return Ok(true);
     }
-    if core.keyspace.event_shards() == 1 {
+    if ctx.keyspace.event_shards() == 1 {
         return Ok(false);
     }
-    let mut shards: Vec<u16> = core
+    let mut shards: Vec<u16> = watched
         .holds
         .all()
         .iter()
-        .map(|hold| hold.driver.keys().shard())
+        .map(|hold| hold.lock.keys().shard())
         .collect();
     shards.sort_unstable();
     shards.dedup();
     for shard in shards {
-        let fence = core.keyspace.fence(shard);
-        let exists: i64 = core
+        let fence = ctx.keyspace.fence(shard);
+        let exists: i64 = ctx
             .redis
             .exists(fence.as_str())
             .await
@@ -143,31 +163,32 @@ async fn data_lost(core: &Core) -> Result<bool> {
 }
 
 /// Records the layout again, checks every hold and wakes every waiter.
-pub(crate) async fn check_after_loss(core: &Core, reason: &'static str) {
-    if core.layout.is_refused() {
+async fn check_after_loss<K: ?Sized + HoldKind>(watched: &Watched<'_, K>, reason: &'static str) {
+    let ctx = watched.ctx;
+    if ctx.layout.is_refused() {
         return;
     }
-    if let Err(error) = core.layout.verify(&core.redis).await {
+    if let Err(error) = ctx.layout.verify(&ctx.redis).await {
         tracing::warn!(%error, reason, "layout check failed");
-        core.layout_failed(error);
-        if core.layout.is_refused() {
+        ctx.layout_failed(error);
+        if ctx.layout.is_refused() {
             return;
         }
     }
-    if let Err(error) = set_marker(core).await {
+    if let Err(error) = set_marker(ctx).await {
         tracing::debug!(%error, "cannot write the marker key");
     }
-    if core.config.notification == crate::config::NotificationMode::Stream {
+    if ctx.config.notification == NotificationMode::Stream {
         // The loss took the inboxes too: without them no release grants this client a lock.
-        let inboxes: Vec<String> = (0..core.keyspace.event_shards())
-            .map(|shard| core.keyspace.inbox(shard, &core.inbox_tag))
+        let inboxes: Vec<String> = (0..ctx.keyspace.event_shards())
+            .map(|shard| ctx.keyspace.inbox(shard, &ctx.inbox_tag))
             .collect();
-        if let Err(error) = crate::notify::stream::keep_inboxes(&core.redis, &inboxes).await {
+        if let Err(error) = stream::keep_inboxes(&ctx.redis, &inboxes).await {
             tracing::warn!(%error, "could not create the inboxes again");
         }
     }
-    let holds = core.holds.len();
-    verify_holds(core).await;
+    let holds = watched.holds.len();
+    verify_holds(ctx, watched.holds).await;
     tracing::debug!(reason, holds, "holds checked");
-    core.waiters.wake_all(reason);
+    watched.waiters.wake_all(reason);
 }

@@ -1,5 +1,5 @@
 //! The barging `Mutex`'s shortcuts within one process, against a real redis-server in both
-//! notification modes (`src/release.rs`, `docs/design.md` §4.3): the deferred release of a
+//! notification modes (`src/engine/release.rs`, `docs/design.md` §4.3): the deferred release of a
 //! contended hold and its take-over by the next `lock()` of the same client, the immediate
 //! release of an uncontended hold, the bound `Config::handover_limit` puts on both, local
 //! waiting for a hold of the same client, shutdown and cancellation.

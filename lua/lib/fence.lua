@@ -5,7 +5,7 @@
 -- once its hold, tombstone and queue expire. The shard's fence key "{P:s}:fence" (with the
 -- shard's event keys, the only keys of a shard that never expire) holds "<last>|<layout>": the
 -- last token the shard issued, and the layout of the clients of the prefix (the value of
--- {P:layout}, see src/client.rs). A new token is max(last + 1, the server clock in us), so:
+-- {P:layout}, see src/layout.rs). A new token is max(last + 1, the server clock in us), so:
 --   * the tokens of a shard, hence of every lock name in it, strictly increase while the key
 --     lives (last + 1);
 --   * when the server loses the key (a restart without persistence, FLUSHALL, a failover to a

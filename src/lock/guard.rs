@@ -8,12 +8,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::client::LockClient;
-use crate::engine::Released;
+use crate::engine::release::release_hold;
+use crate::engine::{DriverHold, Engine, Released};
 use crate::error::{Error, NotHeldReason, Result};
-use crate::lease::{check_extension, renew, Hold, LostCause};
+use crate::lease::{check_extension, renew, Lease, LostCause};
 use crate::owner::Owner;
-use crate::release::{release_hold, ReleaseJob};
 
 /// Proof of one hold on a lock: the guard all lock types share. Each lock type returns it
 /// wrapped in its own guard type ([`MutexGuard`], [`FairMutexGuard`], [`ReadGuard`],
@@ -29,23 +28,24 @@ use crate::release::{release_hold, ReleaseJob};
 ///   nothing blocks or panics either; the lease then simply expires).
 #[must_use = "dropping the guard releases the lock at once"]
 pub struct LockGuard {
-    hold: Arc<Hold>,
-    client: LockClient,
+    hold: Arc<DriverHold>,
+    engine: Arc<Engine>,
     armed: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(hold: Arc<Hold>, client: LockClient) -> Self {
+    /// The guard of a hold the engine adopted for it (`engine`: its client's).
+    pub(crate) fn new(hold: Arc<DriverHold>, engine: Arc<Engine>) -> Self {
         LockGuard {
             hold,
-            client,
+            engine,
             armed: true,
         }
     }
 
     /// The lock's name.
     pub fn name(&self) -> &str {
-        self.hold.driver.keys().name()
+        self.hold.lock.keys().name()
     }
 
     /// The fencing token of this hold: strictly greater than the token of every earlier hold
@@ -60,7 +60,7 @@ impl LockGuard {
     }
 
     /// The lease policy of the hold.
-    pub fn lease(&self) -> crate::Lease {
+    pub fn lease(&self) -> Lease {
         self.hold.lease
     }
 
@@ -110,10 +110,10 @@ impl LockGuard {
     pub async fn extend(&self, lease: Duration) -> Result<()> {
         check_extension(lease)?;
         let sent_at = Instant::now();
-        let codes = renew(self.client.core(), &[&self.hold], lease).await?;
+        let codes = renew(&self.engine.ctx, &[&self.hold], lease).await?;
         match codes.first() {
             Some(1) => {
-                self.hold.extended(sent_at, lease);
+                self.engine.holds.extended(&self.hold, sent_at, lease);
                 tracing::debug!(
                     lock = self.name(),
                     lease_ms = lease.as_millis() as u64,
@@ -133,7 +133,7 @@ impl LockGuard {
     /// result is `NotHeld { reason: Expired }` (the hold expires on its own).
     pub async fn unlock(mut self) -> Result<()> {
         self.armed = false;
-        self.client.holds().release_guard(&self.hold);
+        self.engine.holds.release_guard(&self.hold);
         let hold = self.hold.clone();
         let outcome = release_hold(&hold).await?;
         tracing::debug!(lock = self.name(), token = hold.token, ?outcome, "released");
@@ -156,17 +156,15 @@ impl Drop for LockGuard {
         if !self.armed {
             return;
         }
-        self.client.holds().release_guard(&self.hold);
-        self.client.release_later(ReleaseJob {
-            hold: self.hold.clone(),
-        });
+        self.engine.holds.release_guard(&self.hold);
+        self.engine.release_later(self.hold.clone());
     }
 }
 
 impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
-            .field("lock", &self.hold.driver.keys().id())
+            .field("lock", &self.hold.lock.keys().id())
             .field("token", &self.hold.token)
             .field("owner", &self.hold.owner)
             .field("lost", &self.lost_cause())

@@ -2,7 +2,9 @@
 //! waiting, renewal and release are shared (see [`crate::engine`] and [`crate::lease`]).
 //!
 //! This module also holds what the drivers share: the handle core ([`Acquirer`]) and the
-//! decoding of the replies that all hold-based scripts give.
+//! decoding of the replies that all hold-based scripts give. The lock types sit below the
+//! client, which makes them (`crate::LockClient`), and above the engine: a handle, its driver
+//! and its guards reach the client's state through its [`Engine`], never through the client.
 
 pub(crate) mod guard;
 pub(crate) mod mutex;
@@ -16,9 +18,9 @@ use std::time::Duration;
 use fred::types::Value;
 use tokio::time::Instant;
 
-use crate::client::LockClient;
 use crate::config::{check_duration, MAX_DURATION};
-use crate::engine::{acquire, Attempt, BoxFuture, Driver, Patience, Released, Successor};
+use crate::context::{BoxFuture, Context};
+use crate::engine::{acquire, Attempt, Driver, DriverHold, Engine, Patience, Released, Successor};
 use crate::error::{Error, NotHeldReason, Result};
 use crate::keys::LockKeys;
 use crate::lease::{clamp_ttl, Lease};
@@ -26,16 +28,26 @@ use crate::lock::guard::LockGuard;
 use crate::owner::Owner;
 use crate::scripts::{int_array, Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
-/// What every lock handle carries: the driver, an optional fixed owner and an optional lease.
-#[derive(Clone)]
-pub(crate) struct Acquirer {
-    pub(crate) driver: Arc<dyn Driver>,
+/// What every lock handle carries: the driver (of type `D`), an optional fixed owner and an
+/// optional lease.
+pub(crate) struct Acquirer<D> {
+    pub(crate) driver: Arc<D>,
     owner: Option<Owner>,
     lease: Option<Lease>,
 }
 
-impl Acquirer {
-    pub(crate) fn new(driver: Arc<dyn Driver>) -> Self {
+impl<D> Clone for Acquirer<D> {
+    fn clone(&self) -> Self {
+        Acquirer {
+            driver: self.driver.clone(),
+            owner: self.owner.clone(),
+            lease: self.lease,
+        }
+    }
+}
+
+impl<D: Driver> Acquirer<D> {
+    pub(crate) fn new(driver: Arc<D>) -> Self {
         Acquirer {
             driver,
             owner: None,
@@ -60,24 +72,29 @@ impl Acquirer {
 
     fn lease(&self) -> Lease {
         self.lease
-            .unwrap_or_else(|| Lease::watchdog(self.driver.client().config().watchdog_lease))
+            .unwrap_or_else(|| Lease::watchdog(self.driver.engine().ctx.config.watchdog_lease))
     }
 
     /// The engine's future itself, not wrapped in another `async fn`: an async layer that
     /// takes the arguments by value keeps its own copy of them for as long as the acquisition
-    /// waits, and a pending acquisition's size is a waiting task's main memory cost.
+    /// waits, and a pending acquisition's size is a waiting task's main memory cost. Its hold
+    /// becomes a guard in the caller's own `async fn`, at once.
     fn acquire(
         &self,
         patience: Patience,
-    ) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'static {
+    ) -> impl Future<Output = Result<Option<Arc<DriverHold>>>> + Send + 'static {
         let owner = self.owner.clone().unwrap_or_default();
         acquire(self.driver.clone(), owner, self.lease(), patience)
     }
 
+    /// The guard of a hold the engine adopted for this handle.
+    fn guard(&self, hold: Arc<DriverHold>) -> LockGuard {
+        LockGuard::new(hold, self.driver.engine().clone())
+    }
+
     pub(crate) async fn wait_forever(&self) -> Result<LockGuard> {
-        self.acquire(Patience::Forever)
-            .await?
-            .ok_or(Error::Shutdown)
+        let hold = self.acquire(Patience::Forever).await?;
+        hold.map(|hold| self.guard(hold)).ok_or(Error::Shutdown)
     }
 
     /// `Duration::ZERO` means one attempt without waiting.
@@ -88,31 +105,32 @@ impl Acquirer {
             check_duration("timeout", timeout, Duration::from_nanos(1))?;
             Patience::Until(Instant::now() + timeout.min(MAX_DURATION))
         };
-        self.acquire(patience).await
+        let hold = self.acquire(patience).await?;
+        Ok(hold.map(|hold| self.guard(hold)))
     }
 }
 
 /// Runs a script of the lock `lock` with its KEYS and ARGV, and decodes its integer-array
 /// reply.
 pub(crate) async fn run_call(
-    client: &LockClient,
+    ctx: &Context,
     lock: &LockKeys,
     script: &Script,
     script_keys: Vec<String>,
     args: ScriptArgs,
 ) -> Result<Vec<i64>> {
-    run_ints(client, script, lock.name(), script_keys, args.into_vec()).await
+    run_ints(ctx, script, lock.name(), script_keys, args.into_vec()).await
 }
 
 /// Runs a script for a lock and decodes its integer-array reply.
 pub(crate) async fn run_ints(
-    client: &LockClient,
+    ctx: &Context,
     script: &Script,
     lock: &str,
     keys: Vec<String>,
     args: Vec<Value>,
 ) -> Result<Vec<i64>> {
-    let reply = client.core().run(script, lock, keys, args).await?;
+    let reply = ctx.run(script, lock, keys, args).await?;
     int_array(script.name(), reply)
 }
 
@@ -126,11 +144,7 @@ fn unexpected(script: &Script, reply: &[i64]) -> Error {
 /// Decodes `{1, token, count}` / `{0, ttl}` (every acquire script), and the exclusive locks'
 /// `{1, token, count, remaining ms}` (a hold granted or handed to the caller already) and
 /// `{0, ttl, holder's token}`.
-pub(crate) fn acquire_reply(
-    client: &LockClient,
-    script: &Script,
-    reply: &[i64],
-) -> Result<Attempt> {
+pub(crate) fn acquire_reply(ctx: &Context, script: &Script, reply: &[i64]) -> Result<Attempt> {
     match *reply {
         [1, token, _count] => Ok(Attempt::Acquired {
             token: token.max(0) as u64,
@@ -141,11 +155,11 @@ pub(crate) fn acquire_reply(
             lasts: Some(clamp_ttl(remaining, Duration::from_millis(1))),
         }),
         [0, ttl] => Ok(Attempt::Busy {
-            ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
+            ttl: Some(clamp_ttl(ttl, ctx.config.watchdog_lease)),
             token: None,
         }),
         [0, ttl, token] => Ok(Attempt::Busy {
-            ttl: Some(clamp_ttl(ttl, client.config().watchdog_lease)),
+            ttl: Some(clamp_ttl(ttl, ctx.config.watchdog_lease)),
             token: Some(token.max(0) as u64),
         }),
         _ => Err(unexpected(script, reply)),
@@ -184,44 +198,44 @@ pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> 
 /// The call section of every release script (`ARGV[1..=5]`): owner, token, op id, all flag,
 /// retry window (the tombstone ttl).
 pub(crate) fn release_call(
-    client: &LockClient,
+    ctx: &Context,
     owner: &Owner,
     token: u64,
     op: &str,
     all: bool,
 ) -> ScriptArgs {
-    let window = client.core().tombstone_ttl().as_millis() as i64;
+    let window = ctx.tombstone_ttl().as_millis() as i64;
     ScriptArgs::release(owner.id(), token, op, all, window)
 }
 
 /// Runs a release script and decodes its reply.
 pub(crate) async fn release_with(
-    client: &LockClient,
+    ctx: &Context,
     keys: &LockKeys,
     script: &Script,
     script_keys: Vec<String>,
     args: ScriptArgs,
 ) -> Result<Released> {
-    let reply = run_call(client, keys, script, script_keys, args).await?;
+    let reply = run_call(ctx, keys, script, script_keys, args).await?;
     release_reply(script, &reply)
 }
 
 /// Runs a force-unlock script with its arguments.
 pub(crate) async fn force_unlock_with(
-    client: &LockClient,
+    ctx: &Context,
     keys: &LockKeys,
     script: &Script,
     script_keys: Vec<String>,
     args: ScriptArgs,
 ) -> Result<bool> {
-    let reply = run_call(client, keys, script, script_keys, args).await?;
+    let reply = run_call(ctx, keys, script, script_keys, args).await?;
     flag_reply(script, &reply)
 }
 
 /// Leaves the Redis wait queue of a fair or read-write lock (`lua/queue_leave.lua`), handing
 /// the turn on if the waiter was head.
 pub(crate) fn leave_queue(
-    client: LockClient,
+    engine: Arc<Engine>,
     keys: LockKeys,
     own: &'static str,
     waiter: Arc<str>,
@@ -229,11 +243,11 @@ pub(crate) fn leave_queue(
     Box::pin(async move {
         let script_keys = ScriptKeys::new(&keys, own);
         let args = ScriptArgs::leave(&waiter)
-            .events(client.core().event_args(&keys))
+            .events(engine.ctx.event_args(&keys))
             .kind(script_keys.kind());
         let script = &SCRIPTS.queue_leave;
         let reply = run_ints(
-            &client,
+            &engine.ctx,
             script,
             keys.name(),
             script_keys.through(Key::Alive),
@@ -272,7 +286,7 @@ pub struct LockState {
 pub(crate) async fn inspect(driver: &dyn Driver) -> Result<LockState> {
     let script = &SCRIPTS.hold_inspect;
     let reply = run_ints(
-        driver.client(),
+        &driver.engine().ctx,
         script,
         driver.keys().name(),
         driver.renew_keys(),

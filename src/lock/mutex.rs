@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::client::LockClient;
-use crate::engine::{Attempt, BoxFuture, Driver, Released};
+use crate::context::BoxFuture;
+use crate::engine::{Attempt, Driver, Engine, HandOver, Released};
 use crate::error::Result;
 use crate::keys::LockKeys;
-use crate::lease::Lease;
+use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
     acquire_reply, flag_reply, force_unlock_with, inspect, release_call, release_with, run_call,
@@ -19,10 +19,11 @@ use crate::lock::{
 };
 use crate::notify::{Bid, WaitKind, WakeRule};
 use crate::owner::Owner;
+use crate::queue::RedisQueue;
 use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// An exclusive, reentrant distributed lock (Redisson's `RLock`), made by
-/// [`LockClient::mutex`]: *barging*. For strict FIFO across processes use [`FairMutex`]; a
+/// [`LockClient::mutex`](crate::LockClient::mutex): *barging*. For strict FIFO across processes use [`FairMutex`]; a
 /// `FairMutex` also converts into a `Mutex` (`Mutex::from`) for code that picks the ordering
 /// at run time ([`is_fair`](Self::is_fair) tells which one a handle has).
 ///
@@ -68,7 +69,7 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 pub struct Mutex(Handle);
 
 /// An exclusive, reentrant, *fair* distributed lock (Redisson's `RFairLock`), made by
-/// [`LockClient::fair_mutex`]. Same methods as [`Mutex`]; a function that needs FIFO order can
+/// [`LockClient::fair_mutex`](crate::LockClient::fair_mutex). Same methods as [`Mutex`]; a function that needs FIFO order can
 /// ask for this type.
 ///
 /// **Ordering.** Strict FIFO across all processes, in the order in which acquisitions joined
@@ -100,7 +101,7 @@ pub struct FairMutex(Handle);
 /// (see `mutex_handle!`) and wrap its guards in their own guard type.
 #[derive(Clone)]
 struct Handle {
-    inner: Acquirer,
+    inner: Acquirer<ExclusiveDriver>,
     fair: bool,
 }
 
@@ -143,11 +144,11 @@ impl Handle {
 }
 
 impl Mutex {
-    pub(crate) fn barging(client: LockClient, name: &str) -> Result<Mutex> {
-        let keys = client.keyspace().lock("mutex", name)?;
+    pub(crate) fn barging(engine: Arc<Engine>, name: &str) -> Result<Mutex> {
+        let keys = engine.ctx.keyspace.lock("mutex", name)?;
         let driver = ExclusiveDriver {
             keys,
-            client,
+            engine,
             fair: false,
             granted: true,
         };
@@ -165,11 +166,11 @@ impl Mutex {
     /// The driver of one instance of a [`Redlock`](crate::Redlock): the barging mutex of that
     /// name, whose waiters queue only to be woken. A release never grants them the lock: a
     /// Redlock round must take it on every instance itself, with its own validity.
-    pub(crate) fn redlock_instance(client: LockClient, name: &str) -> Result<Arc<dyn Driver>> {
-        let keys = client.keyspace().lock("mutex", name)?;
+    pub(crate) fn redlock_instance(engine: Arc<Engine>, name: &str) -> Result<Arc<dyn Driver>> {
+        let keys = engine.ctx.keyspace.lock("mutex", name)?;
         Ok(Arc::new(ExclusiveDriver {
             keys,
-            client,
+            engine,
             fair: false,
             granted: false,
         }))
@@ -177,11 +178,11 @@ impl Mutex {
 }
 
 impl FairMutex {
-    pub(crate) fn new(client: LockClient, name: &str) -> Result<FairMutex> {
-        let keys = client.keyspace().lock("fair", name)?;
+    pub(crate) fn new(engine: Arc<Engine>, name: &str) -> Result<FairMutex> {
+        let keys = engine.ctx.keyspace.lock("fair", name)?;
         let driver = ExclusiveDriver {
             keys,
-            client,
+            engine,
             fair: true,
             granted: true,
         };
@@ -282,7 +283,7 @@ mutex_handle!(FairMutex, FairMutexGuard);
 /// Key names are built per call rather than stored: a handle per lock stays small (thousands
 /// of locks), and a script call allocates its key strings anyway.
 pub(crate) struct ExclusiveDriver {
-    client: LockClient,
+    engine: Arc<Engine>,
     keys: LockKeys,
     /// FIFO across all waiters: no hand-over to a waiter of the releasing process.
     fair: bool,
@@ -305,13 +306,13 @@ impl ExclusiveDriver {
         if self.fair {
             0
         } else {
-            self.client.config().handover_limit.as_millis() as i64
+            self.engine.ctx.config.handover_limit.as_millis() as i64
         }
     }
 
     /// The retry window (tombstone ttl) in ms.
     fn window_ms(&self) -> i64 {
-        self.client.core().tombstone_ttl().as_millis() as i64
+        self.engine.ctx.tombstone_ttl().as_millis() as i64
     }
 
     /// `lua/hold_release.lua`, handing the lock to `successor` if it frees it.
@@ -323,16 +324,16 @@ impl ExclusiveDriver {
         all: bool,
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
-        let core = self.client.core();
+        let ctx = &self.engine.ctx;
         let successor: [Value; 6] = match successor {
             Some((waiter, bid)) => [
                 bid.owner.id().into(),
                 waiter.into(),
                 (bid.lease.as_millis() as i64).into(),
                 self.handover_limit_ms().into(),
-                core.inbox_tag.as_ref().into(),
+                ctx.inbox_tag.as_ref().into(),
                 if bid.joins_queue {
-                    (core.config.waiter_lease.as_millis() as i64).into()
+                    (ctx.config.waiter_lease.as_millis() as i64).into()
                 } else {
                     "".into()
                 },
@@ -346,11 +347,11 @@ impl ExclusiveDriver {
                 "".into(),
             ],
         };
-        let args = release_call(&self.client, owner, token, op, all)
-            .events(self.client.core().event_args(&self.keys))
+        let args = release_call(ctx, owner, token, op, all)
+            .events(ctx.event_args(&self.keys))
             .extra(successor);
         release_with(
-            &self.client,
+            ctx,
             &self.keys,
             &SCRIPTS.hold_release,
             self.script_keys().through(Key::Events),
@@ -360,13 +361,15 @@ impl ExclusiveDriver {
     }
 }
 
-impl Driver for ExclusiveDriver {
+impl HoldKind for ExclusiveDriver {
     fn keys(&self) -> &LockKeys {
         &self.keys
     }
+}
 
-    fn client(&self) -> &LockClient {
-        &self.client
+impl Driver for ExclusiveDriver {
+    fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     fn wait_kind(&self) -> WaitKind {
@@ -382,10 +385,10 @@ impl Driver for ExclusiveDriver {
         waiting: bool,
     ) -> BoxFuture<'static, Result<Attempt>> {
         Box::pin(async move {
-            let core = self.client.core();
+            let ctx = &self.engine.ctx;
             let (waiter, grant_ms) = match (waiting, self.granted) {
                 (false, _) => ("", 0),
-                (true, true) => (waiter.as_ref(), core.config.waiter_lease.as_millis() as i64),
+                (true, true) => (waiter.as_ref(), ctx.config.waiter_lease.as_millis() as i64),
                 (true, false) => (waiter.as_ref(), -1),
             };
             // A fair lock never hands over: its queue lines need no time stamp.
@@ -393,10 +396,10 @@ impl Driver for ExclusiveDriver {
             let script = &SCRIPTS.hold_acquire;
             let args =
                 ScriptArgs::acquire(owner.id(), lease.as_millis() as i64, &op, waiter, grant_ms)
-                    .extra([core.inbox_tag.as_ref().into(), stamp.into()]);
+                    .extra([ctx.inbox_tag.as_ref().into(), stamp.into()]);
             let keys = self.script_keys().through(Key::Fence);
-            let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
-            acquire_reply(&self.client, script, &reply)
+            let reply = run_call(ctx, &self.keys, script, keys, args).await?;
+            acquire_reply(ctx, script, &reply)
         })
     }
 
@@ -410,17 +413,28 @@ impl Driver for ExclusiveDriver {
         Box::pin(self.release_script(owner, token, op, all, None))
     }
 
-    fn hands_over(&self) -> bool {
-        !self.fair && self.granted && !self.client.config().handover_limit.is_zero()
+    fn handover(&self) -> Option<&dyn HandOver> {
+        let hands_over =
+            !self.fair && self.granted && !self.engine.ctx.config.handover_limit.is_zero();
+        hands_over.then_some(self as &dyn HandOver)
     }
 
-    /// A fair lock defers too: its take-over never hands the lock over while anybody waits
-    /// (limit 0), but one call both grants the lock to the queue and queues the acquisition,
-    /// where a release and a busy attempt would take two.
-    fn defers_release(&self) -> bool {
-        (self.fair && self.granted) || self.hands_over()
+    /// A fair lock takes deferred releases over too: its take-over never hands the lock over
+    /// while anybody waits (limit 0), but one call both grants the lock to the queue and queues
+    /// the acquisition, where a release and a busy attempt would take two.
+    fn take_over(&self) -> Option<&dyn HandOver> {
+        if self.fair && self.granted {
+            return Some(self);
+        }
+        self.handover()
     }
 
+    fn redis_queue(self: Arc<Self>) -> Option<Arc<dyn RedisQueue>> {
+        Some(self)
+    }
+}
+
+impl HandOver for ExclusiveDriver {
     fn release_to<'a>(
         &'a self,
         owner: &'a Owner,
@@ -430,44 +444,47 @@ impl Driver for ExclusiveDriver {
     ) -> BoxFuture<'a, Result<Released>> {
         Box::pin(self.release_script(owner, token, op, false, successor))
     }
+}
 
-    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
+impl ExclusiveDriver {
+    /// Frees the lock whoever holds it and wakes the next waiter; true if a hold was removed.
+    async fn force_unlock(&self) -> Result<bool> {
         let args = ScriptArgs::no_call()
             .window(self.window_ms())
-            .events(self.client.core().event_args(&self.keys));
+            .events(self.engine.ctx.event_args(&self.keys));
+        let removed = force_unlock_with(
+            &self.engine.ctx,
+            &self.keys,
+            &SCRIPTS.hold_force_unlock,
+            self.script_keys().through(Key::Events),
+            args,
+        )
+        .await?;
+        // Tasks of this client that wait on a hold of this client, not queued in Redis, hear
+        // of it from here.
+        self.engine.waiters.dispatch(self.keys.id(), &WakeRule::All);
+        Ok(removed)
+    }
+}
+
+impl RedisQueue for ExclusiveDriver {
+    fn queue_keys(&self) -> ScriptKeys<'_> {
+        self.script_keys()
+    }
+
+    fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {
+        let (engine, keys) = (self.engine.clone(), self.keys.clone());
+        let window_ms = self.window_ms();
         Box::pin(async move {
-            let removed = force_unlock_with(
-                &self.client,
-                &self.keys,
-                &SCRIPTS.hold_force_unlock,
-                self.script_keys().through(Key::Events),
-                args,
-            )
-            .await?;
-            // Tasks of this client that wait on a hold of this client, not queued in Redis,
-            // hear of it from here.
-            self.client
-                .waiters()
-                .dispatch(self.keys.id(), &WakeRule::All);
-            Ok(removed)
-        })
-    }
-
-    fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
-        Some(self.script_keys())
-    }
-
-    fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
-        Some(Box::pin(async move {
             let args = ScriptArgs::leave(&waiter)
-                .window(self.window_ms())
-                .events(self.client.core().event_args(&self.keys));
+                .window(window_ms)
+                .events(engine.ctx.event_args(&keys));
             let script = &SCRIPTS.hold_leave;
-            let keys = self.script_keys().through(Key::Events);
-            let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
+            let script_keys = ScriptKeys::new(&keys, OWN).through(Key::Events);
+            let reply = run_call(&engine.ctx, &keys, script, script_keys, args).await?;
             let left = flag_reply(script, &reply)?;
-            tracing::debug!(lock = self.keys.name(), left, "left the wait queue");
+            tracing::debug!(lock = keys.name(), left, "left the wait queue");
             Ok(())
-        }))
+        })
     }
 }

@@ -20,8 +20,9 @@ use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use crate::client::{LockClient, SpanningHold};
-use crate::engine::{Attempt, BoxFuture, Driver, Finish, Released};
+use crate::config::{check_duration, MIN_LEASE};
+use crate::context::BoxFuture;
+use crate::engine::{Attempt, Driver, Engine, Finish, Released, SpanningHold};
 use crate::error::{Error, NotHeldReason, Result};
 use crate::lease::{Lease, LostCause};
 use crate::lock::mutex::Mutex;
@@ -51,8 +52,8 @@ use crate::owner::{op_id, Owner};
 /// **Lease lost.** [`RedlockGuard::lost`] fires when a renewal round does not reach a quorum,
 /// when the validity of a fixed lease runs out, or at the `max_hold` cap.
 ///
-/// **Shutdown.** A hold spans several [`LockClient`]s. When any of them is shut down, it
-/// releases the hold on every instance and the guard's `lost()` fires with
+/// **Shutdown.** A hold spans several [`LockClient`](crate::LockClient)s. When any of them is
+/// shut down, it releases the hold on every instance and the guard's `lost()` fires with
 /// [`LostCause::Shutdown`]; its `unlock()` then answers [`Error::Shutdown`].
 ///
 /// **Cancellation.** Dropping a pending acquisition releases whatever its in-flight attempt
@@ -66,21 +67,22 @@ pub struct Redlock {
 }
 
 impl Redlock {
-    /// A Redlock named `name` over the masters behind `clients` (one client per independent
-    /// master; an odd number, 3 or 5, is usual). Validates the name; no Redis call.
-    pub fn new(clients: &[LockClient], name: &str) -> Result<Redlock> {
-        let first = clients
+    /// A Redlock named `name` over the engines of its clients, one per instance (see
+    /// `Redlock::new`, which the client module defines: it names the public client type).
+    pub(crate) fn over(engines: Vec<Arc<Engine>>, name: &str) -> Result<Redlock> {
+        let first = engines
             .first()
             .ok_or_else(|| Error::InvalidConfig("a Redlock needs at least one client".into()))?;
-        let instances = clients
-            .iter()
-            .map(|client| Mutex::redlock_instance(client.clone(), name))
+        let lease = Lease::watchdog(first.ctx.config.watchdog_lease);
+        let instances = engines
+            .into_iter()
+            .map(|engine| Mutex::redlock_instance(engine, name))
             .collect::<Result<Vec<_>>>()?;
         Ok(Redlock {
             name: name.to_owned(),
             instances,
             owner: None,
-            lease: Lease::watchdog(first.config().watchdog_lease),
+            lease,
         })
     }
 
@@ -127,7 +129,7 @@ impl Redlock {
         if timeout.is_zero() {
             return self.try_lock().await;
         }
-        crate::config::check_duration("timeout", timeout, Duration::from_nanos(1))?;
+        check_duration("timeout", timeout, Duration::from_nanos(1))?;
         self.acquire(Some(Some(Instant::now() + timeout))).await
     }
 
@@ -144,7 +146,7 @@ impl Redlock {
             self.instances
                 .iter()
                 .map(|d| {
-                    d.client().waiters().register(
+                    d.engine().waiters.register(
                         d.keys().id(),
                         d.wait_kind(),
                         Some(waiter.clone()),
@@ -221,7 +223,7 @@ impl Redlock {
             waiting,
             quorum,
         );
-        let orphans = instances[0].client().orphans().clone();
+        let orphans = instances[0].engine().ctx.orphans.clone();
         Finish::new(work, orphans, move |result| {
             Box::pin(async move {
                 if let Ok(Round::Won(holds, _)) = result {
@@ -257,8 +259,9 @@ async fn round(
     let started = Instant::now();
     let op = op_id();
     let timeout = instances[0]
-        .client()
-        .config()
+        .engine()
+        .ctx
+        .config
         .command_timeout
         .min(lease / 2);
     let mut calls = JoinSet::new();
@@ -364,7 +367,7 @@ struct Shared {
     /// Set by whichever releases the holds first: `unlock()`, `Drop`, or a client's shutdown.
     released: AtomicBool,
     renewal: StdMutex<Option<JoinHandle<()>>>,
-    /// This hold's key in each client's [`Core::spanning`](crate::client::Core).
+    /// This hold's key in each client's [`Core::spanning`](crate::engine::Core::spanning).
     id: u64,
 }
 
@@ -394,7 +397,7 @@ impl Shared {
             renewal.abort();
         }
         for (driver, _) in &self.holds {
-            driver.client().core().spanning.remove(&self.id);
+            driver.engine().spanning.remove(&self.id);
         }
     }
 
@@ -471,7 +474,7 @@ impl RedlockGuard {
         *shared.renewal.lock().unwrap_or_else(|p| p.into_inner()) = Some(renewal);
         for (driver, _) in &shared.holds {
             let spanning: Arc<dyn SpanningHold> = shared.clone();
-            driver.client().core().spanning.insert(shared.id, spanning);
+            driver.engine().spanning.insert(shared.id, spanning);
         }
         RedlockGuard {
             token,
@@ -604,7 +607,7 @@ async fn keep_alive(
             None => Some(lease),
             Some(cap) => {
                 let left = (acquired + cap).saturating_duration_since(Instant::now());
-                (left >= crate::config::MIN_LEASE).then(|| lease.min(left))
+                (left >= MIN_LEASE).then(|| lease.min(left))
             }
         };
         let Some(lease) = period_lease.and_then(capped) else {
@@ -664,14 +667,9 @@ async fn renew_everywhere(
             let script = driver.renew_script();
             let mut args: Vec<Value> = vec![(lease.as_millis() as i64).into()];
             args.extend(driver.renew_args(&owner, token));
-            let timeout = driver.client().config().command_timeout.min(lease / 3);
-            let call = run_ints(
-                driver.client(),
-                script,
-                driver.keys().name(),
-                driver.renew_keys(),
-                args,
-            );
+            let ctx = &driver.engine().ctx;
+            let timeout = ctx.config.command_timeout.min(lease / 3);
+            let call = run_ints(ctx, script, driver.keys().name(), driver.renew_keys(), args);
             match tokio::time::timeout(timeout, call).await {
                 Ok(Ok(codes)) => codes.first().copied(),
                 _ => None,

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use fred::types::Value;
 
-use crate::client::LockClient;
-use crate::engine::{Attempt, BoxFuture, Driver, Released};
+use crate::context::BoxFuture;
+use crate::engine::{Attempt, Driver, Engine, Released};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
-use crate::lease::Lease;
+use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call, run_ints,
@@ -22,6 +22,7 @@ use crate::lock::{
 };
 use crate::notify::WaitKind;
 use crate::owner::{op_id, Owner};
+use crate::queue::RedisQueue;
 use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// A distributed read-write lock (Redisson's `RReadWriteLock`, done with fair hand-offs).
@@ -54,8 +55,8 @@ use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 /// **Cancellation.** As for [`Mutex`](crate::Mutex): a dropped acquisition leaves no trace.
 #[derive(Clone)]
 pub struct RwLock {
-    read: Acquirer,
-    write: Acquirer,
+    read: Acquirer<RwDriver>,
+    write: Acquirer<RwDriver>,
 }
 
 /// The state of a read-write lock as seen by [`RwLock::state`].
@@ -75,9 +76,9 @@ pub struct RwLockState {
 }
 
 impl RwLock {
-    pub(crate) fn new(client: LockClient, name: &str) -> Result<RwLock> {
-        let keys = client.keyspace().lock("rw", name)?;
-        let driver = |mode| Arc::new(RwDriver::new(client.clone(), keys.clone(), mode));
+    pub(crate) fn new(engine: Arc<Engine>, name: &str) -> Result<RwLock> {
+        let keys = engine.ctx.keyspace.lock("rw", name)?;
+        let driver = |mode| Arc::new(RwDriver::new(engine.clone(), keys.clone(), mode));
         Ok(RwLock {
             read: Acquirer::new(driver(Mode::Read)),
             write: Acquirer::new(driver(Mode::Write)),
@@ -153,7 +154,7 @@ impl RwLock {
         let driver = self.write.driver.as_ref();
         let script = &SCRIPTS.rw_inspect;
         let reply = run_ints(
-            driver.client(),
+            &driver.engine.ctx,
             script,
             self.name(),
             driver.renew_keys(),
@@ -212,14 +213,14 @@ const OWN: &str = "readers";
 
 /// One side (read or write) of a read-write lock.
 pub(crate) struct RwDriver {
-    client: LockClient,
+    engine: Arc<Engine>,
     keys: LockKeys,
     mode: Mode,
 }
 
 impl RwDriver {
-    fn new(client: LockClient, keys: LockKeys, mode: Mode) -> Self {
-        RwDriver { keys, client, mode }
+    fn new(engine: Arc<Engine>, keys: LockKeys, mode: Mode) -> Self {
+        RwDriver { keys, engine, mode }
     }
 
     fn script_keys(&self) -> ScriptKeys<'_> {
@@ -227,105 +228,25 @@ impl RwDriver {
     }
 
     fn retry_window_ms(&self) -> i64 {
-        self.client.core().tombstone_ttl().as_millis() as i64
+        self.engine.ctx.tombstone_ttl().as_millis() as i64
+    }
+
+    /// Removes every read and write hold and wakes the waiters; true if a hold was removed.
+    async fn force_unlock(&self) -> Result<bool> {
+        let keys = self.script_keys().through(Key::Alive);
+        let args = ScriptArgs::no_call().events(self.engine.ctx.event_args(&self.keys));
+        let script = &SCRIPTS.rw_force_unlock;
+        force_unlock_with(&self.engine.ctx, &self.keys, script, keys, args).await
     }
 }
 
-impl Driver for RwDriver {
+impl HoldKind for RwDriver {
     fn keys(&self) -> &LockKeys {
         &self.keys
     }
 
-    fn client(&self) -> &LockClient {
-        &self.client
-    }
-
-    fn wait_kind(&self) -> WaitKind {
-        match self.mode {
-            Mode::Read => WaitKind::Shared,
-            Mode::Write => WaitKind::Exclusive,
-        }
-    }
-
     fn hold_role(&self) -> &'static str {
         self.mode.as_str()
-    }
-
-    /// `r` or `w`, the inbox tag of the client, `.`, an op id: a release that lets this
-    /// waiter in sends its event to that inbox alone (`fl_rw_announce` in `lua/lib/rw.lua`).
-    fn waiter_id(&self) -> Arc<str> {
-        let side = match self.mode {
-            Mode::Read => 'r',
-            Mode::Write => 'w',
-        };
-        format!("{side}{}.{}", self.client.core().inbox_tag, op_id()).into()
-    }
-
-    fn try_acquire(
-        self: Arc<Self>,
-        owner: Owner,
-        waiter: Arc<str>,
-        op: String,
-        lease: Duration,
-        waiting: bool,
-    ) -> BoxFuture<'static, Result<Attempt>> {
-        Box::pin(async move {
-            let waiter_lease = if waiting {
-                self.client.config().waiter_lease.as_millis() as i64
-            } else {
-                0
-            };
-            // The event arguments are unused by rw_acquire; they keep the side at ARGV[9].
-            let args = ScriptArgs::acquire(
-                owner.id(),
-                lease.as_millis() as i64,
-                &op,
-                &waiter,
-                waiter_lease,
-            )
-            .events(self.client.core().event_args(&self.keys))
-            .kind(self.mode.as_str())
-            .extra([self.retry_window_ms().into()]);
-            let keys = self.script_keys().through(Key::Alive);
-            let script = &SCRIPTS.rw_acquire;
-            let reply = run_call(&self.client, &self.keys, script, keys, args).await?;
-            if reply.first() == Some(&-2) {
-                return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
-            }
-            acquire_reply(&self.client, script, &reply)
-        })
-    }
-
-    fn release<'a>(
-        &'a self,
-        owner: &'a Owner,
-        token: u64,
-        op: &'a str,
-        all: bool,
-    ) -> BoxFuture<'a, Result<Released>> {
-        let args = release_call(&self.client, owner, token, op, all)
-            .events(self.client.core().event_args(&self.keys))
-            .kind(self.mode.as_str());
-        let keys = self.script_keys().through(Key::Done);
-        Box::pin(release_with(
-            &self.client,
-            &self.keys,
-            &SCRIPTS.rw_release,
-            keys,
-            args,
-        ))
-    }
-
-    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>> {
-        let keys = self.script_keys().through(Key::Alive);
-        let args = ScriptArgs::no_call().events(self.client.core().event_args(&self.keys));
-        Box::pin(force_unlock_with(
-            &self.client,
-            &self.keys,
-            &SCRIPTS.rw_force_unlock,
-            keys,
-            args,
-        ))
     }
 
     fn renew_script(&self) -> &'static Script {
@@ -343,17 +264,98 @@ impl Driver for RwDriver {
             token.to_string().into(),
         ]
     }
+}
 
-    fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
-        Some(self.script_keys())
+impl Driver for RwDriver {
+    fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
-    fn abandon(self: Arc<Self>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
-        Some(leave_queue(
-            self.client.clone(),
-            self.keys.clone(),
-            OWN,
-            waiter,
+    fn wait_kind(&self) -> WaitKind {
+        match self.mode {
+            Mode::Read => WaitKind::Shared,
+            Mode::Write => WaitKind::Exclusive,
+        }
+    }
+
+    /// `r` or `w`, the inbox tag of the client, `.`, an op id: a release that lets this
+    /// waiter in sends its event to that inbox alone (`fl_rw_announce` in `lua/lib/rw.lua`).
+    fn waiter_id(&self) -> Arc<str> {
+        let side = match self.mode {
+            Mode::Read => 'r',
+            Mode::Write => 'w',
+        };
+        format!("{side}{}.{}", self.engine.ctx.inbox_tag, op_id()).into()
+    }
+
+    fn try_acquire(
+        self: Arc<Self>,
+        owner: Owner,
+        waiter: Arc<str>,
+        op: String,
+        lease: Duration,
+        waiting: bool,
+    ) -> BoxFuture<'static, Result<Attempt>> {
+        Box::pin(async move {
+            let ctx = &self.engine.ctx;
+            let waiter_lease = if waiting {
+                ctx.config.waiter_lease.as_millis() as i64
+            } else {
+                0
+            };
+            // The event arguments are unused by rw_acquire; they keep the side at ARGV[9].
+            let args = ScriptArgs::acquire(
+                owner.id(),
+                lease.as_millis() as i64,
+                &op,
+                &waiter,
+                waiter_lease,
+            )
+            .events(ctx.event_args(&self.keys))
+            .kind(self.mode.as_str())
+            .extra([self.retry_window_ms().into()]);
+            let keys = self.script_keys().through(Key::Alive);
+            let script = &SCRIPTS.rw_acquire;
+            let reply = run_call(ctx, &self.keys, script, keys, args).await?;
+            if reply.first() == Some(&-2) {
+                return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
+            }
+            acquire_reply(ctx, script, &reply)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        owner: &'a Owner,
+        token: u64,
+        op: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released>> {
+        let ctx = &self.engine.ctx;
+        let args = release_call(ctx, owner, token, op, all)
+            .events(ctx.event_args(&self.keys))
+            .kind(self.mode.as_str());
+        let keys = self.script_keys().through(Key::Done);
+        Box::pin(release_with(
+            ctx,
+            &self.keys,
+            &SCRIPTS.rw_release,
+            keys,
+            args,
         ))
+    }
+
+    fn redis_queue(self: Arc<Self>) -> Option<Arc<dyn RedisQueue>> {
+        Some(self)
+    }
+}
+
+impl RedisQueue for RwDriver {
+    fn queue_keys(&self) -> ScriptKeys<'_> {
+        self.script_keys()
+    }
+
+    fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {
+        leave_queue(self.engine.clone(), self.keys.clone(), OWN, waiter)
     }
 }

@@ -12,7 +12,7 @@
 //! one attempt; a waiter left asleep costs up to a lease.
 
 /// Joins the waiter ids in the target of a `chain` event. Waiter ids are a role letter and a
-/// hex op id (`engine.rs`), so they never contain it (nor the pub/sub separator `|`).
+/// hex op id (`Driver::waiter_id`), so they never contain it (nor the pub/sub separator `|`).
 pub(crate) const ID_SEPARATOR: char = ',';
 
 /// The target of a `chain` event that wakes every local reader of the lock.

@@ -39,8 +39,9 @@ pub(crate) struct Bid {
     pub(crate) owner: crate::owner::Owner,
     /// The lease the acquisition asks for.
     pub(crate) lease: Duration,
-    /// The acquisition asks by the release call itself (a take-over, `crate::release`): if
-    /// the lock goes to the queue instead, the call queues it there.
+    /// The acquisition asks by the release call itself (a take-over,
+    /// `crate::engine::release`): if the lock goes to the queue instead, the call queues it
+    /// there.
     pub(crate) joins_queue: bool,
 }
 

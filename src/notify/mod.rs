@@ -28,7 +28,8 @@
 //! * [`handover`]: a release that hands the lock to a waiter of its own process (barging
 //!   mutex), and the state machine that settles who releases a hold never taken up;
 //! * [`stream`] and [`pubsub`]: the two readers, one per transport;
-//! * here: [`Reader`], what either reader task needs, and the [`backoff`] both use.
+//! * here: [`Reader`], what either reader task needs, the [`backoff`] both use, and
+//!   [`hang_up`], which closes a notifier connection.
 
 mod event;
 mod handover;
@@ -100,6 +101,14 @@ impl Reader {
             .map(|inbox| (inbox, Source::Inbox));
         shards.chain(inboxes).collect()
     }
+}
+
+/// Closes a notifier connection at once, interrupting a blocked `XREAD` first (a `QUIT`
+/// queued behind it would otherwise wait for the block to time out).
+pub(crate) async fn hang_up(notifier: &fred::clients::Client) {
+    use fred::interfaces::{ClientInterface, ClientLike};
+    let _ = notifier.unblock_self(None).await;
+    let _ = notifier.quit().await;
 }
 
 /// Backoff between failed reads: 50 ms doubling up to the configured reconnect delay.

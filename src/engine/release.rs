@@ -1,6 +1,6 @@
-//! Releases: `unlock()`, dropped guards (through the release worker) and shutdown all end
-//! here, and so do the two ways a barging [`crate::Mutex`] passes the lock to another task of
-//! its own process without letting it go in Redis.
+//! Releases: `unlock()` and dropped guards (through the release worker) end here, and so do
+//! the two ways a barging [`crate::Mutex`] passes the lock to another task of its own process
+//! without letting it go in Redis.
 //!
 //! * **Hand-over to a waiting task.** A task of this client already waits for the lock: the
 //!   release claims it ([`crate::notify::WaiterTable::claim_handover`]) and its script writes
@@ -8,7 +8,8 @@
 //!   without a call of its own.
 //! * **Deferred release** ([`crate::Config::defer_release`]). Nobody of this client waits yet,
 //!   but the releasing task usually asks again at once (a worker loop): the hold is parked here
-//!   until the releasing task next yields to the scheduler instead of being released. An
+//!   (in the engine's [`ParkedHolds`]) until the releasing task next yields to the scheduler
+//!   instead of being released. An
 //!   acquisition of this client that finds it parked ([`take_parked`]) names itself the
 //!   successor of its release: one script call both ends the old hold and starts its own,
 //!   where a release and an acquire would take two. The call is sent by the hold's release
@@ -36,9 +37,8 @@ use dashmap::DashMap;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use crate::engine::{Driver, Released, Successor};
+use super::{Driver, DriverHold, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
-use crate::lease::Hold;
 use crate::notify::{Bid, Claim, HandedOver, WakeRule};
 use crate::owner::op_id;
 
@@ -54,7 +54,7 @@ pub(crate) struct ParkedHolds {
 
 /// A parked hold, and the acquisition that asked to take it over, if one did.
 struct Parked {
-    hold: Arc<Hold>,
+    hold: Arc<DriverHold>,
     successor: Option<TakeOver>,
 }
 
@@ -68,8 +68,8 @@ struct TakeOver {
 }
 
 impl ParkedHolds {
-    fn park(&self, hold: &Arc<Hold>) -> bool {
-        match self.holds.entry(hold.driver.keys().id().clone()) {
+    fn park(&self, hold: &Arc<DriverHold>) -> bool {
+        match self.holds.entry(hold.lock.keys().id().clone()) {
             dashmap::Entry::Vacant(entry) => {
                 entry.insert(Parked {
                     hold: hold.clone(),
@@ -106,9 +106,9 @@ impl ParkedHolds {
     }
 
     /// Takes `hold` if it is still parked, with the take-over asked for it, if any.
-    fn take_exact(&self, hold: &Arc<Hold>) -> Option<Option<TakeOver>> {
+    fn take_exact(&self, hold: &Arc<DriverHold>) -> Option<Option<TakeOver>> {
         self.holds
-            .remove_if(hold.driver.keys().id().as_ref(), |_, parked| {
+            .remove_if(hold.lock.keys().id().as_ref(), |_, parked| {
                 Arc::ptr_eq(&parked.hold, hold)
             })
             .map(|(_, parked)| parked.successor)
@@ -116,7 +116,7 @@ impl ParkedHolds {
 
     /// Takes every parked hold (shutdown). A take-over asked for one is dropped unanswered:
     /// its acquisition asks Redis like any other.
-    pub(crate) fn drain(&self) -> Vec<Arc<Hold>> {
+    pub(crate) fn drain(&self) -> Vec<Arc<DriverHold>> {
         let ids: Vec<Arc<str>> = self.holds.iter().map(|e| e.key().clone()).collect();
         ids.iter()
             .filter_map(|id| self.holds.remove(id).map(|(_, parked)| parked.hold))
@@ -134,15 +134,10 @@ impl ParkedHolds {
     }
 }
 
-/// A release handed over by a guard's `Drop`.
-pub(crate) struct ReleaseJob {
-    pub(crate) hold: Arc<Hold>,
-}
-
 /// The release worker: runs the releases of dropped guards concurrently, drains its queue on
 /// shutdown, and exits when the last sender is gone.
 pub(crate) async fn run_release_worker(
-    mut jobs: mpsc::UnboundedReceiver<ReleaseJob>,
+    mut jobs: mpsc::UnboundedReceiver<Arc<DriverHold>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut running = tokio::task::JoinSet::new();
@@ -167,7 +162,7 @@ pub(crate) async fn run_release_worker(
 /// Releases one level of `hold` (for `unlock()` and dropped guards), or defers the release
 /// when that level is the hold's last (see the module docs): then it returns at once, as
 /// released.
-pub(crate) async fn release_hold(hold: &Arc<Hold>) -> Result<Released> {
+pub(crate) async fn release_hold(hold: &Arc<DriverHold>) -> Result<Released> {
     if defer(hold) {
         return Ok(Released::Yes {
             remaining: 0,
@@ -181,23 +176,23 @@ pub(crate) async fn release_hold(hold: &Arc<Hold>) -> Result<Released> {
 /// intact with time to spare, no task of this client waiting for the lock already (that one
 /// is handed the lock at once), the client open and inside a runtime. A background task
 /// releases it once the releasing task yields, unless an acquisition took it over meanwhile.
-fn defer(hold: &Arc<Hold>) -> bool {
-    let driver = &hold.driver;
-    let client = driver.client();
-    let deferrable = client.config().defer_release
-        && driver.defers_release()
+fn defer(hold: &Arc<DriverHold>) -> bool {
+    let driver = &hold.lock;
+    let core = driver.engine();
+    let deferrable = core.ctx.config.defer_release
+        && driver.take_over().is_some()
         && hold.contended
         && hold.guards() == 0
         && hold.lost_cause().is_none()
         && hold.deadline() > Instant::now() + DEFER_MIN_LEFT
-        && client.check_open().is_ok()
-        && !client
-            .waiters()
+        && core.ctx.check_open().is_ok()
+        && !core
+            .waiters
             .has_handover_candidate(driver.keys().id(), hold.owner.id());
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return false;
     };
-    if !deferrable || !client.core().parked.park(hold) {
+    if !deferrable || !core.parked.park(hold) {
         return false;
     }
     tracing::trace!(
@@ -212,7 +207,7 @@ fn defer(hold: &Arc<Hold>) -> bool {
     // runtime each one would wake an idle worker thread.
     let hold = hold.clone();
     runtime.spawn(async move {
-        match hold.driver.client().core().parked.take_exact(&hold) {
+        match hold.lock.engine().parked.take_exact(&hold) {
             Some(Some(take_over)) => hand_parked_over(hold, take_over).await,
             Some(None) => release_parked(&hold).await,
             None => {}
@@ -224,7 +219,7 @@ fn defer(hold: &Arc<Hold>) -> bool {
 /// Sends the release of a parked hold naming the acquisition that asked to take it over, and
 /// tells it the outcome. A failed call is no one's release any more once the acquisition gave
 /// up on it: the hold's release then goes on here.
-async fn hand_parked_over(hold: Arc<Hold>, take_over: TakeOver) {
+async fn hand_parked_over(hold: Arc<DriverHold>, take_over: TakeOver) {
     let TakeOver {
         waiter,
         bid,
@@ -242,8 +237,8 @@ async fn hand_parked_over(hold: Arc<Hold>, take_over: TakeOver) {
 }
 
 /// Sends the release of a parked hold nobody took over.
-async fn release_parked(hold: &Arc<Hold>) {
-    let lock = hold.driver.keys().name();
+async fn release_parked(hold: &Arc<DriverHold>) {
+    let lock = hold.lock.keys().name();
     match release_now(hold).await {
         Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released (deferred)"),
         Err(error) => {
@@ -266,14 +261,14 @@ pub(crate) async fn take_parked(
     bid: &Bid,
     give_up: Option<Instant>,
 ) -> Option<Result<Successor>> {
-    let parked = &driver.client().core().parked;
+    let parked = &driver.engine().parked;
     let reply = parked.ask_take_over(driver.keys().id(), waiter, bid, give_up)?;
     let outcome = reply.await.ok()?;
     match outcome {
         Ok(Released::Yes { successor, .. }) => {
             if let Successor::HandedOver { token, .. } = successor {
-                let core = driver.client().core();
-                core.taken_over.fetch_add(1, Ordering::Relaxed);
+                let ctx = &driver.engine().ctx;
+                ctx.taken_over.fetch_add(1, Ordering::Relaxed);
                 tracing::trace!(token, "took over a deferred release");
             }
             Some(Ok(successor))
@@ -289,10 +284,10 @@ pub(crate) async fn take_parked(
 /// waiting task of this client: the first local waiter that can take it is claimed before the
 /// call, told the new token if the script handed it the lock, and released again here if it
 /// went away meanwhile.
-pub(crate) async fn release_now(hold: &Hold) -> Result<Released> {
-    let driver = &hold.driver;
-    let mut claim = if driver.hands_over() {
-        let waiters = driver.client().waiters();
+pub(crate) async fn release_now(hold: &DriverHold) -> Result<Released> {
+    let driver = &hold.lock;
+    let mut claim = if driver.handover().is_some() {
+        let waiters = &driver.engine().waiters;
         waiters.claim_handover(driver.keys().id(), hold.owner.id())
     } else {
         None
@@ -314,17 +309,29 @@ pub(crate) async fn release_now(hold: &Hold) -> Result<Released> {
 /// `give_up`: an acquisition taking the hold over stops retrying at its own deadline (and
 /// returns the error).
 async fn release_with_retries(
-    hold: &Hold,
+    hold: &DriverHold,
     successor: Option<(&str, &Bid)>,
     give_up: Option<Instant>,
 ) -> Result<Released> {
     let op = op_id();
     let mut backoff = Backoff::default();
-    let driver = &hold.driver;
+    let driver = &hold.lock;
     loop {
-        let outcome = driver
-            .release_to(&hold.owner, hold.token, &op, successor)
-            .await;
+        // A successor is named by a hand-over or a take-over; without one, a lock that hands
+        // over still may (to a local waiter claimed by the script's reply).
+        let via = if successor.is_some() {
+            driver.take_over()
+        } else {
+            driver.handover()
+        };
+        let outcome = match via {
+            Some(handover) => {
+                handover
+                    .release_to(&hold.owner, hold.token, &op, successor)
+                    .await
+            }
+            None => driver.release(&hold.owner, hold.token, &op, false).await,
+        };
         match outcome {
             Err(error)
                 if error.is_retryable()
@@ -333,10 +340,10 @@ async fn release_with_retries(
                 if Instant::now() + backoff.peek() >= hold.deadline() {
                     // The lease is over: Redis drops the hold by itself (at the latest when its
                     // TTL, which this client no longer extends, runs out).
-                    tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed past the lease; the hold expires");
+                    tracing::debug!(lock = hold.lock.keys().name(), %error, "release failed past the lease; the hold expires");
                     return Ok(Released::NotHeld(NotHeldReason::Expired));
                 }
-                tracing::debug!(lock = hold.driver.keys().name(), %error, "release failed; retrying");
+                tracing::debug!(lock = hold.lock.keys().name(), %error, "release failed; retrying");
                 tokio::time::sleep(backoff.next_pause()).await;
             }
             other => return other,
@@ -393,17 +400,16 @@ async fn settle_claim(
 
 /// Wakes every local waiter of `driver`'s lock to ask Redis: after a release of this client
 /// that handed the lock to none of them, since a waiter that waited on this client's hold
-/// alone (`wait_first` in `engine.rs`) has no place in the Redis queue and hears no event.
+/// alone (`wait_first` in `engine/acquire.rs`) has no place in the Redis queue and hears no event.
 pub(crate) fn wake_local_waiters(driver: &dyn Driver) {
     driver
-        .client()
-        .waiters()
+        .engine()
+        .waiters
         .dispatch(driver.keys().id(), &WakeRule::All);
 }
 
-async fn release_dropped(job: ReleaseJob) {
-    let hold = job.hold;
-    let lock = hold.driver.keys().name();
+async fn release_dropped(hold: Arc<DriverHold>) {
+    let lock = hold.lock.keys().name();
     match release_hold(&hold).await {
         Ok(outcome) => tracing::debug!(lock, token = hold.token, ?outcome, "released on drop"),
         Err(error) => tracing::warn!(lock, %error, "release on drop failed; the lease will expire"),

@@ -1,10 +1,9 @@
-//! The acquire-and-wait engine under every lock type.
-//!
-//! A lock type is a small [`Driver`]: it knows its keys and scripts and answers "did I get the
-//! lock, and if not, for how long may the holder keep it". Everything else lives here, once:
+//! The acquire-and-wait loop under every lock type ([`acquire`]): a [`Driver`] answers one
+//! attempt at a time; the loop registers the local waiter, waits for a wakeup, takes up a hold
+//! a release granted or handed over, and adopts the hold for the watchdog:
 //!
 //! ```text
-//!   register local waiter ──► try (script) ──► acquired? ──yes──► adopt hold, return guard
+//!   register local waiter ──► try (script) ──► acquired? ──yes──► adopt the hold, return it
 //!          ▲                                      │ no
 //!          └──── woken by an event, or the ◄──────┘ wait(min(event, holder's ttl, deadline))
 //!                holder's ttl ran out
@@ -18,7 +17,6 @@
 //! a driver that queues waiters in Redis is told to leave the queue.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,145 +24,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::client::LockClient;
-use crate::error::{Backoff, Error, NotHeldReason, Result};
-use crate::keys::LockKeys;
+use super::release::{take_parked, wake_local_waiters};
+use super::{Attempt, Driver, DriverHold, Successor};
+use crate::context::BoxFuture;
+use crate::error::{Backoff, Error, Result};
 use crate::lease::Lease;
-use crate::lock::guard::LockGuard;
-use crate::notify::{Bid, Granted, HandedOver, Registration, WaitKind};
+use crate::notify::{Bid, Granted, HandedOver, Registration};
 use crate::owner::{op_id, Owner};
-use crate::release::{take_parked, wake_local_waiters};
-use crate::scripts::{Script, ScriptKeys};
-
-/// A boxed, sendable future (drivers are used as trait objects).
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// The answer of one acquire attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Attempt {
-    /// Acquired (or re-entered) with this fencing token. `lasts`: the hold expires sooner
-    /// than the requested lease (a release granted it, `lua/lib/hold.lua`).
-    Acquired { token: u64, lasts: Option<Duration> },
-    /// Someone else holds the lock for at most `ttl` more (None: unknown), under the fencing
-    /// token `token` (if the script says: a grant read later with a token not above it was
-    /// made before this attempt ran).
-    Busy {
-        ttl: Option<Duration>,
-        token: Option<u64>,
-    },
-}
-
-/// The answer of one release.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Released {
-    /// Released; `remaining` holds of the owner are left (0: the hold is gone); `successor`:
-    /// what became of the successor the release named (barging mutex).
-    Yes {
-        remaining: u64,
-        successor: Successor,
-    },
-    /// The hold was not there.
-    NotHeld(NotHeldReason),
-}
-
-/// What a release did for the successor it named (a task of the releasing process, see
-/// `crate::release`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Successor {
-    /// Nothing: no successor, the lock is still held (re-entry), or it went to the queue.
-    Passed,
-    /// The successor holds the lock now, with this fencing token; `queued`: waiters stay
-    /// queued in Redis behind it.
-    HandedOver { token: u64, queued: bool },
-    /// The lock went to the queue, and the successor (a take-over) joined the queue behind
-    /// the waiter granted it: like a busy attempt, the new holder's bound and token.
-    Queued { ttl: Duration, token: u64 },
-}
-
-/// What one lock type contributes to the engine, the watchdog and the release worker.
-pub(crate) trait Driver: Send + Sync + 'static {
-    /// The lock's keys.
-    fn keys(&self) -> &LockKeys;
-    /// The client the lock belongs to.
-    fn client(&self) -> &LockClient;
-    /// Exclusive or shared, for the local wake rules.
-    fn wait_kind(&self) -> WaitKind;
-    /// Distinguishes different kinds of hold on the same lock by the same owner (read/write).
-    fn hold_role(&self) -> &'static str {
-        ""
-    }
-    /// One acquire attempt by the acquisition `waiter`. `waiting` tells the script that the
-    /// caller will wait on failure (so it should join the queue).
-    fn try_acquire(
-        self: Arc<Self>,
-        owner: Owner,
-        waiter: Arc<str>,
-        op: String,
-        lease: Duration,
-        waiting: bool,
-    ) -> BoxFuture<'static, Result<Attempt>>;
-    /// Releases one hold (or, with `all`, every re-entered hold) of `owner` with `token`.
-    fn release<'a>(
-        &'a self,
-        owner: &'a Owner,
-        token: u64,
-        op: &'a str,
-        all: bool,
-    ) -> BoxFuture<'a, Result<Released>>;
-    /// Whether a release may hand the lock straight to a waiter of this process (barging
-    /// mutex): its waiters then register a [`Bid`] and a release tries [`Driver::release_to`].
-    fn hands_over(&self) -> bool {
-        false
-    }
-    /// Whether the release of a contended hold may be deferred for a task of this process that
-    /// asks again right after it (see `crate::release`): its acquisition then takes the hold
-    /// over with [`Driver::release_to`] naming it, with a bid that joins the queue. Default:
-    /// when the lock hands over.
-    fn defers_release(&self) -> bool {
-        self.hands_over()
-    }
-    /// Releases one hold of `owner`; when that frees the lock, it may hand it to `successor`
-    /// (its waiter id and bid) instead. Default: a plain release.
-    fn release_to<'a>(
-        &'a self,
-        owner: &'a Owner,
-        token: u64,
-        op: &'a str,
-        successor: Option<(&'a str, &'a Bid)>,
-    ) -> BoxFuture<'a, Result<Released>> {
-        let _ = successor;
-        self.release(owner, token, op, false)
-    }
-    /// Frees the lock whoever holds it and wakes the next waiter; true if a hold was removed.
-    fn force_unlock(&self) -> BoxFuture<'_, Result<bool>>;
-    /// The script that renews holds of this kind (see `lua/hold_renew.lua` for its contract).
-    fn renew_script(&self) -> &'static Script {
-        &crate::scripts::SCRIPTS.hold_renew
-    }
-    /// The keys this lock passes to its renew script for one hold (default: the hold key).
-    fn renew_keys(&self) -> Vec<String> {
-        vec![self.keys().key("")]
-    }
-    /// The arguments this lock passes to its renew script for one hold.
-    fn renew_args(&self, owner: &Owner, token: u64) -> Vec<fred::types::Value> {
-        vec![owner.id().into(), token.to_string().into()]
-    }
-    /// A new waiter id for one acquisition (unique; never contains `,`, `|`, a space or a
-    /// newline). The read-write lock's tell readers from writers, and name the client's inbox.
-    fn waiter_id(&self) -> Arc<str> {
-        op_id().into()
-    }
-    /// For locks whose waiting attempts join a queue in Redis (which the waiter must leave,
-    /// [`Driver::abandon`], when it gives up): this lock's script keys, its kind and its group
-    /// in the client's batched heartbeat over its queued waiters (`crate::queue`).
-    fn wait_queue(&self) -> Option<ScriptKeys<'_>> {
-        None
-    }
-    /// Leaves the Redis-side wait queue after a timeout or cancellation. Default: nothing.
-    fn abandon(self: Arc<Self>, _waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
-        None
-    }
-}
 
 /// How long an acquisition may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,17 +61,16 @@ impl Patience {
 /// this waiter, or wake it to ask Redis (the queue's turn), so the waiter waits without a call
 /// of its own first, at most until that hold's lease deadline.
 fn wait_first(driver: &Arc<dyn Driver>, owner: &Owner, patience: Patience) -> Option<Duration> {
-    if !driver.hands_over() {
-        return None;
-    }
+    driver.handover()?;
     let holder_deadline = driver
-        .client()
-        .holds()
-        .held_by_other(driver.as_ref(), owner)?;
+        .engine()
+        .holds
+        .held_by_other(driver.keys().id(), owner)?;
     patience.wait_limit(holder_deadline.saturating_duration_since(Instant::now()))
 }
 
-/// Acquires through `driver`: `Ok(None)` when the patience ran out.
+/// Acquires through `driver`: the hold, adopted for the watchdog with one guard, which the
+/// caller wraps in its guard at once; `Ok(None)` when the patience ran out.
 ///
 /// Not an `async fn`: the returned future is the loop itself, without a wrapper that would
 /// keep a second copy of the arguments. A pending `lock()` future is a waiting task's main
@@ -215,7 +80,7 @@ pub(crate) fn acquire(
     owner: Owner,
     lease: Lease,
     patience: Patience,
-) -> impl Future<Output = Result<Option<LockGuard>>> + Send + 'static {
+) -> impl Future<Output = Result<Option<Arc<DriverHold>>>> + Send + 'static {
     let keys = driver.keys();
     let span = tracing::debug_span!("acquire", lock = keys.name(), kind = keys.kind());
     acquire_replicated(driver, owner, lease, patience).instrument(span)
@@ -230,15 +95,15 @@ async fn acquire_replicated(
     owner: Owner,
     lease: Lease,
     patience: Patience,
-) -> Result<Option<LockGuard>> {
-    if driver.client().config().replica_acks == 0 {
+) -> Result<Option<Arc<DriverHold>>> {
+    if driver.engine().ctx.config.replica_acks == 0 {
         return acquire_loop(driver, owner, lease, patience).await;
     }
     let mut retry = TransientRetry::default();
     loop {
         match Box::pin(acquire_loop(driver.clone(), owner.clone(), lease, patience)).await {
             Err(error @ Error::NotReplicated { .. }) => {
-                let window = driver.client().config().transient_retry;
+                let window = driver.engine().ctx.config.transient_retry;
                 let Some(pause) = retry.pause_after(&error, window, patience) else {
                     return Err(error);
                 };
@@ -255,17 +120,17 @@ async fn acquire_loop(
     owner: Owner,
     lease: Lease,
     patience: Patience,
-) -> Result<Option<LockGuard>> {
-    driver.client().check_open()?;
+) -> Result<Option<Arc<DriverHold>>> {
+    driver.engine().ctx.check_open()?;
     let waiting = patience != Patience::None;
     let waiter = driver.waiter_id();
     let registration = waiting.then(|| {
-        let bid = driver.hands_over().then(|| Bid {
+        let bid = driver.handover().is_some().then(|| Bid {
             owner: owner.clone(),
             lease: lease.initial(),
             joins_queue: false,
         });
-        driver.client().waiters().register(
+        driver.engine().waiters.register(
             driver.keys().id(),
             driver.wait_kind(),
             Some(waiter.clone()),
@@ -287,7 +152,7 @@ async fn acquire_loop(
     // The first wait may come before any attempt: after a take-over that found the queue's
     // turn (it queued this waiter), or behind a hold of this client (see `wait_first`).
     let mut first_wait = None;
-    if driver.client().core().parked.contains(driver.keys().id()) {
+    if driver.engine().parked.contains(driver.keys().id()) {
         // A release of this client is deferred for a task that asks right after it: this one.
         let sent_at = Instant::now();
         match Box::pin(take_over(&driver, &owner, &waiter, lease, patience)).await {
@@ -300,8 +165,8 @@ async fn acquire_loop(
                 }
                 let timing = (sent_at, lease.initial());
                 let source = Source::OwnConnection { contended };
-                let guard = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-                return guard.await.map(Some);
+                let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
+                return hold.await.map(Some);
             }
             Some(Successor::Queued { ttl, token }) => {
                 last_busy = Some((sent_at, token));
@@ -331,7 +196,7 @@ async fn acquire_loop(
                     if let Some(registration) = registration.as_ref() {
                         registration.taken();
                     }
-                    let guard = take_up(
+                    let hold = take_up(
                         &driver,
                         &owner,
                         token,
@@ -340,7 +205,7 @@ async fn acquire_loop(
                         Source::OwnScript,
                         &mut queued,
                     );
-                    return guard.await.map(Some);
+                    return hold.await.map(Some);
                 }
                 Ok(Attempt::Busy { ttl, token }) => {
                     retry.reset();
@@ -349,7 +214,7 @@ async fn acquire_loop(
                     if waiting {
                         queued.joined();
                     }
-                    let ttl = ttl.unwrap_or(driver.client().config().watchdog_lease);
+                    let ttl = ttl.unwrap_or(driver.engine().ctx.config.watchdog_lease);
                     if patience == Patience::None {
                         return Ok(None);
                     }
@@ -363,7 +228,7 @@ async fn acquire_loop(
                 // Repeat the same op after a pause: if the failed call was applied after all, the
                 // script answers it instead of applying it again.
                 Err(error) => {
-                    let window = driver.client().config().transient_retry;
+                    let window = driver.engine().ctx.config.transient_retry;
                     let Some(pause) = retry.pause_after(&error, window, patience) else {
                         if woken {
                             // This attempt answered a wakeup and failed: let the next local waiter
@@ -376,10 +241,10 @@ async fn acquire_loop(
                     };
                     tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
                     driver
-                        .client()
-                        .core()
+                        .engine()
+                        .ctx
                         .retried_attempts
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        .fetch_add(1, Ordering::Relaxed);
                     pause
                 }
             }
@@ -389,7 +254,7 @@ async fn acquire_loop(
         };
         // Shutdown marks the client closed, then wakes every registered waiter: a waiter that
         // registered before the check below is woken, one that checks after it sees the mark.
-        driver.client().check_open()?;
+        driver.engine().ctx.check_open()?;
         tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
         woken = registration.wait(limit).await;
         if let Some(HandedOver {
@@ -400,9 +265,9 @@ async fn acquire_loop(
         {
             registration.taken();
             tracing::trace!(token, "handed over by a release of this process");
-            let core = driver.client().core();
-            core.handed_over.fetch_add(1, Ordering::Relaxed);
-            let guard = take_up(
+            let ctx = &driver.engine().ctx;
+            ctx.handed_over.fetch_add(1, Ordering::Relaxed);
+            let hold = take_up(
                 &driver,
                 &owner,
                 token,
@@ -411,15 +276,15 @@ async fn acquire_loop(
                 Source::OwnConnection { contended },
                 &mut queued,
             );
-            return guard.await.map(Some);
+            return hold.await.map(Some);
         }
         let granted = registration.granted();
         if let Some((at, lasts)) = granted.and_then(|g| grant_times(last_busy, g)) {
             let (token, contended) = granted.map_or((0, false), |g| (g.token, g.queued));
             tracing::trace!(token, "granted by the release");
-            let core = driver.client().core();
-            core.granted.fetch_add(1, Ordering::Relaxed);
-            let guard = take_up(
+            let ctx = &driver.engine().ctx;
+            ctx.granted.fetch_add(1, Ordering::Relaxed);
+            let hold = take_up(
                 &driver,
                 &owner,
                 token,
@@ -428,10 +293,10 @@ async fn acquire_loop(
                 Source::OtherClient { contended },
                 &mut queued,
             );
-            return guard.await.map(Some);
+            return hold.await.map(Some);
         }
         tracing::trace!(woken, "re-checking");
-        driver.client().check_open()?;
+        driver.engine().ctx.check_open()?;
     }
 }
 
@@ -466,8 +331,9 @@ impl Drop for UnusedHandOver<'_> {
     }
 }
 
-/// Takes over this client's deferred release of the lock for `owner` (see `crate::release`):
-/// handed over, or queued behind a grant when the queue's turn came (`waiting` only), or
+/// Takes over this client's deferred release of the lock for `owner` (see
+/// [`release`](super::release)): handed over, or queued behind a grant when the queue's turn
+/// came (`waiting` only), or
 /// None (no parked hold, or the call failed: the acquisition then asks like any other).
 /// Finished in the background if the caller goes away: a hold it was handed is then released,
 /// and a queue place left.
@@ -493,7 +359,7 @@ async fn take_over(
         };
         async move { take_parked(&driver, &waiter, &bid, give_up).await }
     };
-    let orphans = driver.client().orphans().clone();
+    let orphans = driver.engine().ctx.orphans.clone();
     let (orphan_driver, orphan_owner) = (driver.clone(), owner.clone());
     let orphan_waiter = waiter.clone();
     let outcome = Finish::new(work, orphans, move |outcome| {
@@ -531,9 +397,18 @@ async fn take_over(
 /// A take-over whose outcome is unknown may still have handed the hold to `waiter`: the
 /// waiter's leave call passes such a hold on (`lua/hold_leave.lua`).
 async fn leave_after_failed_take_over(driver: &Arc<dyn Driver>, waiter: Arc<str>) {
-    if let Some(leaving) = driver.clone().abandon(waiter) {
+    if let Some(leaving) = abandon(driver, waiter) {
         let _ = leaving.await;
     }
+}
+
+/// Leaves the Redis-side wait queue of `driver`'s lock (if it queues waiters in Redis) after a
+/// timeout or cancellation.
+fn abandon(driver: &Arc<dyn Driver>, waiter: Arc<str>) -> Option<BoxFuture<'static, Result<()>>> {
+    driver
+        .clone()
+        .redis_queue()
+        .map(|queue| queue.leave(waiter))
 }
 
 /// Which connection wrote a new hold: `WAIT` only covers the writes of the connection it runs
@@ -550,7 +425,7 @@ enum Source {
 
 impl Source {
     /// Whether other acquisitions still wait for the lock: a release of the hold is then worth
-    /// deferring for a task of this client (`crate::release`).
+    /// deferring for a task of this client (`crate::engine::release`).
     fn contended(self) -> bool {
         match self {
             Source::OwnScript => false,
@@ -559,8 +434,8 @@ impl Source {
     }
 }
 
-/// Turns an acquired hold into a guard: the hold is registered with the watchdog from
-/// `timing.0` (an instant known to precede the acquisition), lasting `timing.1`.
+/// Takes up an acquired hold: it is registered with the watchdog from `timing.0` (an instant
+/// known to precede the acquisition), lasting `timing.1`.
 async fn take_up(
     driver: &Arc<dyn Driver>,
     owner: &Owner,
@@ -569,10 +444,10 @@ async fn take_up(
     timing: (Instant, Duration),
     source: Source,
     queued: &mut QueuedInRedis,
-) -> Result<LockGuard> {
+) -> Result<Arc<DriverHold>> {
     queued.disarm();
     let (mut acquired_at, mut lasts) = timing;
-    if driver.client().config().replica_acks > 0 {
+    if driver.engine().ctx.config.replica_acks > 0 {
         if matches!(source, Source::OtherClient { .. }) {
             // WAIT counts the writes of its own connection, and ours wrote nothing yet: top
             // the granted hold up to the full lease now (a write, after the grant in the
@@ -585,15 +460,15 @@ async fn take_up(
         // would make every pending `lock()` future several KiB.
         Box::pin(confirm_replicated(driver, owner, token)).await?;
     }
-    let client = driver.client().clone();
-    if client.core().is_closed() {
+    let core = driver.engine();
+    if core.ctx.is_closed() {
         // Shutdown began after this acquisition got the lock (a hand-over or grant in flight):
         // shutdown releases only what the registry holds, so release this hold here.
         let outcome = driver.release(owner, token, &op_id(), false).await;
         tracing::debug!(?outcome, "released a hold acquired during shutdown");
         return Err(Error::Shutdown);
     }
-    let hold = client.holds().adopt(
+    let hold = core.holds.adopt(
         driver.clone(),
         owner,
         token,
@@ -602,7 +477,7 @@ async fn take_up(
         source.contended(),
     );
     tracing::debug!(token, "acquired");
-    Ok(LockGuard::new(hold, client))
+    Ok(hold)
 }
 
 /// When a granted hold began in local time (at the latest), and how long it lasts from then,
@@ -633,14 +508,13 @@ async fn attempt(
     waiting: bool,
 ) -> Result<Attempt> {
     let slot = driver
-        .client()
-        .attempt_slots()
+        .engine()
+        .attempt_slots
         .clone()
         .acquire_owned()
         .await
         .map_err(|_| Error::Shutdown)?;
-    let core = driver.client().core();
-    core.attempts.fetch_add(1, Ordering::Relaxed);
+    driver.engine().ctx.attempts.fetch_add(1, Ordering::Relaxed);
     start_attempt(
         slot,
         driver.clone(),
@@ -700,13 +574,12 @@ async fn top_up_grant(
     token: u64,
     lease: Duration,
 ) -> Result<()> {
-    let client = driver.client();
+    let ctx = &driver.engine().ctx;
     let script = driver.renew_script();
     let mut args: Vec<fred::types::Value> = vec![(lease.as_millis() as i64).into()];
     args.extend(driver.renew_args(owner, token));
     let keys = driver.keys();
-    let reply = client
-        .core()
+    let reply = ctx
         .run(script, keys.name(), driver.renew_keys(), args)
         .await?;
     let codes = crate::scripts::int_array(script.name(), reply)?;
@@ -716,23 +589,21 @@ async fn top_up_grant(
     Err(Error::NotReplicated {
         lock: keys.name().to_owned(),
         acked: 0,
-        wanted: client.config().replica_acks,
+        wanted: ctx.config.replica_acks,
     })
 }
 
 /// With [`crate::Config::replica_acks`] set, waits until that many replicas have the fresh
 /// hold; otherwise releases it and fails.
 async fn confirm_replicated(driver: &Arc<dyn Driver>, owner: &Owner, token: u64) -> Result<()> {
-    let config = driver.client().config();
-    let wanted = config.replica_acks;
+    let ctx = &driver.engine().ctx;
+    let wanted = ctx.config.replica_acks;
     if wanted == 0 {
         return Ok(());
     }
     let keys = driver.keys();
-    let acked = driver
-        .client()
-        .core()
-        .wait_replicas(&keys.key(""), wanted, config.replica_ack_timeout)
+    let acked = ctx
+        .wait_replicas(&keys.key(""), wanted, ctx.config.replica_ack_timeout)
         .await;
     match acked {
         Ok(acked) if acked >= wanted => Ok(()),
@@ -826,7 +697,7 @@ fn start_attempt(
         drop(slot);
         attempt
     };
-    let orphans = driver.client().orphans().clone();
+    let orphans = driver.engine().ctx.orphans.clone();
     Finish::new(work, orphans, move |attempt| {
         Box::pin(async move {
             match attempt {
@@ -840,7 +711,7 @@ fn start_attempt(
                 }
                 Ok(Attempt::Busy { .. }) => {
                     // It may have joined a Redis-side queue: leave it.
-                    if let Some(leaving) = driver.clone().abandon(waiter) {
+                    if let Some(leaving) = abandon(&driver, waiter) {
                         let _ = leaving.await;
                     }
                 }
@@ -871,19 +742,20 @@ impl QueuedInRedis {
     /// The attempt failed while waiting: the waiter is in the queue now (if the lock type
     /// queues), so the heartbeat must keep it alive.
     fn joined(&mut self) {
-        if !self.joined && self.driver.wait_queue().is_some() {
+        if self.joined {
+            return;
+        }
+        if let Some(queue) = self.driver.clone().redis_queue() {
             self.joined = true;
-            self.driver
-                .client()
-                .queued()
-                .join(self.waiter.clone(), self.driver.clone());
+            let queued = &self.driver.engine().queued;
+            queued.join(self.waiter.clone(), queue);
         }
     }
 
     /// The acquisition got the lock: the script already removed it from the queue.
     fn disarm(&mut self) {
         if std::mem::take(&mut self.joined) {
-            self.driver.client().queued().leave(&self.waiter);
+            self.driver.engine().queued.leave(&self.waiter);
         }
     }
 
@@ -900,8 +772,8 @@ impl QueuedInRedis {
         if !std::mem::take(&mut self.joined) {
             return None;
         }
-        self.driver.client().queued().leave(&self.waiter);
-        self.driver.clone().abandon(self.waiter.clone())
+        self.driver.engine().queued.leave(&self.waiter);
+        abandon(&self.driver, self.waiter.clone())
     }
 }
 
