@@ -346,7 +346,8 @@ fn commands_at_most(r: &S7Row, limit: f64) -> (String, bool) {
     (format!("{c:.1}"), c <= limit)
 }
 
+/// The longest wait of the acquisitions made inside the window (see `crate::s7`).
 fn longest_wait(r: &S7Row, limit_us: f64) -> (String, bool) {
-    let max = r.result.wait.max;
+    let max = r.result.longest_wait_in_window_us as f64;
     (format!("{:.1} ms", max / 1e3), max <= limit_us)
 }
