@@ -385,10 +385,11 @@ pub struct ClientStats {
     /// waiting task (see [`Config::handover_limit`](crate::Config::handover_limit)), since
     /// start.
     pub handed_over: u64,
-    /// Barging-mutex acquisitions that took over a release this client had deferred (see
-    /// [`Config::defer_release`](crate::Config::defer_release)), since start.
+    /// Acquisitions that took over a release this client had deferred, holding the lock by
+    /// that release's own call (see [`Config::defer_release`](crate::Config::defer_release)),
+    /// since start.
     pub taken_over: u64,
-    /// Releases deferred right now, waiting for the releasing task to yield or a task of this client to
-    /// take them over.
+    /// Releases deferred right now, waiting for the releasing task to yield or a task of this
+    /// client to take them over (not counting those an acquisition asked for already).
     pub deferred_releases: usize,
 }

@@ -254,6 +254,41 @@ async fn a_contended_release_is_taken_over_by_the_next_lock_of_its_client() {
     }
 }
 
+/// A `try_lock()` that finds its client's release parked takes it over too, without waiting
+/// for the parked hold's task to start: with no patience it sends the take-over itself (on one
+/// thread that task has not run yet), and the task, when it runs, finds nothing to do.
+#[tokio::test(flavor = "current_thread")]
+async fn a_try_lock_takes_a_deferred_release_over_itself() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let (scene, a_guard, b_task) = Contended::set_up(&server, "trytake", mode, patient).await;
+        let first = scene.unlock_a_deferred(a_guard, mode).await;
+        let before = scene.a.stats();
+        let second = bounded("A's try_lock()", scene.a_mutex().try_lock())
+            .await
+            .unwrap()
+            .expect("taken over");
+        assert!(second.fencing_token() > first, "{mode:?}");
+        let after = scene.a.stats();
+        assert_eq!(after.taken_over, before.taken_over + 1, "{mode:?}");
+        assert_eq!(after.attempts, before.attempts, "{mode:?}");
+        // The parked hold's task runs now and finds its release done.
+        tokio::task::yield_now().await;
+        assert_eq!(scene.a.stats().deferred_releases, 0, "{mode:?}");
+        assert!(!b_task.is_finished(), "{mode:?}: B still waits");
+
+        let second_token = second.fencing_token();
+        second.unlock().await.unwrap();
+        let b_guard = scene
+            .b_is_granted(&server, b_task, second_token, mode)
+            .await;
+        b_guard.unlock().await.unwrap();
+        shutdown(&scene.a).await;
+        shutdown(&scene.b).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deferred_release_nobody_takes_goes_to_the_queue() {
     init_tracing();

@@ -29,7 +29,7 @@ use super::{Attempt, Driver, DriverHold, Successor};
 use crate::context::BoxFuture;
 use crate::error::{Backoff, Error, Result};
 use crate::lease::Lease;
-use crate::notify::{Bid, Granted, HandedOver, Registration};
+use crate::notify::{Bid, Granted, Registration};
 use crate::owner::{op_id, Owner};
 
 /// How long an acquisition may wait.
@@ -163,6 +163,9 @@ async fn acquire_loop(
                 if let Some(registration) = registration.as_ref() {
                     registration.taken();
                 }
+                tracing::trace!(token, "took over a deferred release");
+                let ctx = &driver.engine().ctx;
+                ctx.taken_over.fetch_add(1, Ordering::Relaxed);
                 let timing = (sent_at, lease.initial());
                 let source = Source::OwnConnection { contended };
                 let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
@@ -257,42 +260,32 @@ async fn acquire_loop(
         driver.engine().ctx.check_open()?;
         tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
         woken = registration.wait(limit).await;
-        if let Some(HandedOver {
-            token,
-            at,
-            queued: contended,
-        }) = registration.handed()
-        {
+        // A release of this process handed the lock over, or another client's granted it.
+        let ctx = &driver.engine().ctx;
+        let given = if let Some(handed) = registration.handed() {
             registration.taken();
-            tracing::trace!(token, "handed over by a release of this process");
-            let ctx = &driver.engine().ctx;
-            ctx.handed_over.fetch_add(1, Ordering::Relaxed);
-            let hold = take_up(
-                &driver,
-                &owner,
-                token,
-                lease,
-                (at, lease.initial()),
-                Source::OwnConnection { contended },
-                &mut queued,
+            tracing::trace!(
+                token = handed.token,
+                "handed over by a release of this process"
             );
-            return hold.await.map(Some);
-        }
-        let granted = registration.granted();
-        if let Some((at, lasts)) = granted.and_then(|g| grant_times(last_busy, g)) {
-            let (token, contended) = granted.map_or((0, false), |g| (g.token, g.queued));
-            tracing::trace!(token, "granted by the release");
-            let ctx = &driver.engine().ctx;
-            ctx.granted.fetch_add(1, Ordering::Relaxed);
-            let hold = take_up(
-                &driver,
-                &owner,
-                token,
-                lease,
-                (at, lasts),
-                Source::OtherClient { contended },
-                &mut queued,
-            );
+            let timing = (handed.at, lease.initial());
+            let source = Source::OwnConnection {
+                contended: handed.queued,
+            };
+            Some((handed.token, timing, source, &ctx.handed_over))
+        } else {
+            registration.granted().and_then(|granted| {
+                let timing = grant_times(last_busy, granted)?;
+                tracing::trace!(token = granted.token, "granted by the release");
+                let source = Source::OtherClient {
+                    contended: granted.queued,
+                };
+                Some((granted.token, timing, source, &ctx.granted))
+            })
+        };
+        if let Some((token, timing, source, counter)) = given {
+            counter.fetch_add(1, Ordering::Relaxed);
+            let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
             return hold.await.map(Some);
         }
         tracing::trace!(woken, "re-checking");

@@ -5,18 +5,22 @@
 //! A lock type is a small [`Driver`]: it knows its keys and scripts and answers "did I get the
 //! lock, and if not, for how long may the holder keep it". What only some lock types do is an
 //! optional capability: handing the lock straight to a waiter of this process on release
-//! ([`HandOver`], the barging mutex) and queueing waiters in Redis ([`RedisQueue`], which the
-//! heartbeat watches). Everything else lives here, once:
+//! ([`HandOver`], the barging mutex), taking over a deferred release with one call
+//! ([`Driver::take_over`], both exclusive locks) and queueing waiters in Redis
+//! ([`RedisQueue`], which the heartbeat watches). Everything else lives here, once:
 //!
 //! * [`acquire`](mod@acquire): the wait loop, taking up a hold that a release granted or handed
 //!   over, cancellation ([`Finish`]), the optional replica acknowledgement;
 //! * [`release`](mod@release): `unlock()`, the release worker behind a dropped guard, the local
-//!   hand-over's release side and deferred releases.
+//!   hand-over's release side and deferred releases;
+//! * `parked`: the deferred releases' states (parked, releasing, gone) and the acquisitions
+//!   that ask for them.
 //!
 //! The engine sits above the lease, queue, watch and notify modules, whose registries it
 //! gathers in [`Core`] and whose tasks it starts, and below the lock types and the client.
 
 pub(crate) mod acquire;
+mod parked;
 pub(crate) mod release;
 
 use std::ops::Deref;
@@ -170,7 +174,7 @@ pub(crate) struct Core {
     pub(crate) waiters: Arc<WaiterTable>,
     pub(crate) queued: QueuedWaiters,
     /// Holds whose release is deferred (see [`release`](mod@release)).
-    pub(crate) parked: release::ParkedHolds,
+    pub(crate) parked: parked::ParkedHolds,
     /// Holds that span several clients (Redlock), by id: released when this client shuts down.
     pub(crate) spanning: DashMap<u64, Arc<dyn SpanningHold>>,
     /// Bounds the acquire attempts in flight at once (see [`MAX_ATTEMPTS_IN_FLIGHT`]).
@@ -186,7 +190,7 @@ impl Core {
             holds: HoldRegistry::default(),
             waiters,
             queued: QueuedWaiters::default(),
-            parked: release::ParkedHolds::default(),
+            parked: parked::ParkedHolds::default(),
             spanning: DashMap::new(),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
         });

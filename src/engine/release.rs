@@ -1,6 +1,6 @@
 //! Releases: `unlock()` and dropped guards (through the release worker) end here, and so do
-//! the two ways a barging [`crate::Mutex`] passes the lock to another task of its own process
-//! without letting it go in Redis.
+//! the two ways an exclusive lock passes the lock to another task of its own process without
+//! letting it go in Redis (the hand-over: a barging [`crate::Mutex`] only).
 //!
 //! * **Hand-over to a waiting task.** A task of this client already waits for the lock: the
 //!   release claims it ([`crate::notify::WaiterTable::claim_handover`]) and its script writes
@@ -8,8 +8,8 @@
 //!   without a call of its own.
 //! * **Deferred release** ([`crate::Config::defer_release`]). Nobody of this client waits yet,
 //!   but the releasing task usually asks again at once (a worker loop): the hold is parked here
-//!   (in the engine's [`ParkedHolds`]) until the releasing task next yields to the scheduler
-//!   instead of being released. An
+//!   (in the engine's [`ParkedHolds`](super::parked::ParkedHolds)) until the releasing task
+//!   next yields to the scheduler instead of being released. An
 //!   acquisition of this client that finds it parked ([`take_parked`]) names itself the
 //!   successor of its release: one script call both ends the old hold and starts its own,
 //!   where a release and an acquire would take two. The call is sent by the hold's release
@@ -21,7 +21,9 @@
 //! task for a command pushes whatever sits in that slot to the run queue and wakes an idle
 //! worker thread to steal it. Had the acquisition sent the call, every take-over would wake a
 //! second thread (a futex call and two context switches) just to find the release task with
-//! nothing left to do. Run by the release task itself, the call finds the slot empty.
+//! nothing left to do. Run by the release task itself, the call finds the slot empty. (That
+//! task cannot be stolen from the slot either: an acquisition that sees it not started within
+//! `TAKE_OVER_GRACE` sends the call itself.)
 //!
 //! Both are bounded by [`crate::Config::handover_limit`] in the release script itself: once the
 //! waiter queued longest in Redis (another process's, as a rule) has waited that long, the
@@ -29,14 +31,13 @@
 //! in the manner of `parking_lot`: barging within a process for throughput, a forced hand-off
 //! to the queue to bound every wait.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::parked::{Asked, TakeOver};
 use super::{Driver, DriverHold, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
 use crate::notify::{Bid, Claim, HandedOver, WakeRule};
@@ -46,93 +47,14 @@ use crate::owner::op_id;
 /// it must run well before Redis would drop it by itself.
 const DEFER_MIN_LEFT: Duration = Duration::from_millis(200);
 
-/// Holds whose release is deferred, by lock id (at most one per lock: the lock is exclusive).
-#[derive(Default)]
-pub(crate) struct ParkedHolds {
-    holds: DashMap<Arc<str>, Parked>,
-}
+/// How long an acquisition that asked for a parked hold waits for the hold's task to start
+/// sending the take-over (it starts as soon as the releasing task yields) before it sends the
+/// call itself: bounds the wait when the releasing task keeps its worker busy.
+const TAKE_OVER_GRACE: Duration = Duration::from_millis(2);
 
-/// A parked hold, and the acquisition that asked to take it over, if one did.
-struct Parked {
-    hold: Arc<DriverHold>,
-    successor: Option<TakeOver>,
-}
-
-/// An acquisition's request to take a parked hold over: its waiter id and bid, when it gives
-/// up retrying (its patience), and where the release's outcome goes.
-struct TakeOver {
-    waiter: Arc<str>,
-    bid: Bid,
-    give_up: Option<Instant>,
-    reply: oneshot::Sender<Result<Released>>,
-}
-
-impl ParkedHolds {
-    fn park(&self, hold: &Arc<DriverHold>) -> bool {
-        match self.holds.entry(hold.lock.keys().id().clone()) {
-            dashmap::Entry::Vacant(entry) => {
-                entry.insert(Parked {
-                    hold: hold.clone(),
-                    successor: None,
-                });
-                true
-            }
-            dashmap::Entry::Occupied(_) => false,
-        }
-    }
-
-    /// Names the successor of the parked hold of `lock_id`, if there is one and nobody asked
-    /// for it yet: its release task will send the release naming it. The receiver gets that
-    /// release's outcome.
-    fn ask_take_over(
-        &self,
-        lock_id: &str,
-        waiter: &Arc<str>,
-        bid: &Bid,
-        give_up: Option<Instant>,
-    ) -> Option<oneshot::Receiver<Result<Released>>> {
-        let mut parked = self.holds.get_mut(lock_id)?;
-        if parked.successor.is_some() {
-            return None;
-        }
-        let (reply, outcome) = oneshot::channel();
-        parked.successor = Some(TakeOver {
-            waiter: waiter.clone(),
-            bid: bid.clone(),
-            give_up,
-            reply,
-        });
-        Some(outcome)
-    }
-
-    /// Takes `hold` if it is still parked, with the take-over asked for it, if any.
-    fn take_exact(&self, hold: &Arc<DriverHold>) -> Option<Option<TakeOver>> {
-        self.holds
-            .remove_if(hold.lock.keys().id().as_ref(), |_, parked| {
-                Arc::ptr_eq(&parked.hold, hold)
-            })
-            .map(|(_, parked)| parked.successor)
-    }
-
-    /// Takes every parked hold (shutdown). A take-over asked for one is dropped unanswered:
-    /// its acquisition asks Redis like any other.
-    pub(crate) fn drain(&self) -> Vec<Arc<DriverHold>> {
-        let ids: Vec<Arc<str>> = self.holds.iter().map(|e| e.key().clone()).collect();
-        ids.iter()
-            .filter_map(|id| self.holds.remove(id).map(|(_, parked)| parked.hold))
-            .collect()
-    }
-
-    /// Parked holds that no acquisition asked to take over yet (diagnostics).
-    pub(crate) fn len(&self) -> usize {
-        self.holds.iter().filter(|e| e.successor.is_none()).count()
-    }
-
-    /// Whether a release of `lock_id` is deferred right now.
-    pub(crate) fn contains(&self, lock_id: &str) -> bool {
-        self.holds.contains_key(lock_id)
-    }
-}
+/// A follower without a deadline waits at most this long for the release ahead of it (which
+/// its retries bound by the hold's lease anyway).
+const NO_GIVE_UP: Duration = Duration::from_secs(3600);
 
 /// The release worker: runs the releases of dropped guards concurrently, drains its queue on
 /// shutdown, and exits when the last sender is gone.
@@ -207,11 +129,13 @@ fn defer(hold: &Arc<DriverHold>) -> bool {
     // runtime each one would wake an idle worker thread.
     let hold = hold.clone();
     runtime.spawn(async move {
-        match hold.lock.engine().parked.take_exact(&hold) {
-            Some(Some(take_over)) => hand_parked_over(hold, take_over).await,
+        let parked = &hold.lock.engine().parked;
+        match parked.start(&hold) {
+            Some(Some(take_over)) => hand_parked_over(&hold, take_over).await,
             Some(None) => release_parked(&hold).await,
-            None => {}
+            None => return,
         }
+        parked.finish(&hold);
     });
     true
 }
@@ -219,20 +143,20 @@ fn defer(hold: &Arc<DriverHold>) -> bool {
 /// Sends the release of a parked hold naming the acquisition that asked to take it over, and
 /// tells it the outcome. A failed call is no one's release any more once the acquisition gave
 /// up on it: the hold's release then goes on here.
-async fn hand_parked_over(hold: Arc<DriverHold>, take_over: TakeOver) {
+async fn hand_parked_over(hold: &Arc<DriverHold>, take_over: TakeOver) {
     let TakeOver {
         waiter,
         bid,
         give_up,
         reply,
     } = take_over;
-    let outcome = release_with_retries(&hold, Some((&waiter, &bid)), give_up).await;
+    let outcome = release_with_retries(hold, Some((&waiter, &bid)), give_up).await;
     let failed = outcome.is_err();
     // The acquisition's side (`take_parked`, inside a `Finish`) outlives its caller, so the
     // outcome is always heard; a send fails only when the runtime is going away.
     let _ = reply.send(outcome);
     if failed {
-        release_parked(&hold).await;
+        release_parked(hold).await;
     }
 }
 
@@ -262,22 +186,56 @@ pub(crate) async fn take_parked(
     give_up: Option<Instant>,
 ) -> Option<Result<Successor>> {
     let parked = &driver.engine().parked;
-    let reply = parked.ask_take_over(driver.keys().id(), waiter, bid, give_up)?;
-    let outcome = reply.await.ok()?;
-    match outcome {
-        Ok(Released::Yes { successor, .. }) => {
-            if let Successor::HandedOver { token, .. } = successor {
-                let ctx = &driver.engine().ctx;
-                ctx.taken_over.fetch_add(1, Ordering::Relaxed);
-                tracing::trace!(token, "took over a deferred release");
-            }
-            Some(Ok(successor))
+    let lock_id = driver.keys().id();
+    let outcome = match parked.ask(lock_id, waiter, bid, give_up)? {
+        Asked::Follower(done) => {
+            // Someone else's release of the hold is on its way: ask Redis once it is done.
+            let until = give_up.unwrap_or_else(|| Instant::now() + NO_GIVE_UP);
+            let _ = tokio::time::timeout_at(until, done).await;
+            return None;
         }
+        Asked::Successor(mut reply) => {
+            let grace = give_up.map_or(TAKE_OVER_GRACE, |at| {
+                TAKE_OVER_GRACE.min(at.saturating_duration_since(Instant::now()))
+            });
+            match tokio::time::timeout(grace, &mut reply).await {
+                Ok(outcome) => outcome.ok()?,
+                Err(_) => match parked.withdraw(lock_id, waiter) {
+                    // The hold's task took it: the call is on its way.
+                    None => reply.await.ok()?,
+                    Some(hold) => take_over_now(hold, waiter, bid, give_up).await,
+                },
+            }
+        }
+    };
+    match outcome {
+        Ok(Released::Yes { successor, .. }) => Some(Ok(successor)),
         Ok(Released::NotHeld(_)) => None,
-        // The acquisition gives up on it; the release task releases the old hold (a release
+        // The acquisition gives up on it; the old hold's release goes on by itself (a release
         // that did run is answered as not held: the hold moved on).
         Err(error) => Some(Err(error)),
     }
+}
+
+/// The parked hold's task did not start within [`TAKE_OVER_GRACE`] (the releasing task kept
+/// its worker busy): the acquisition sends the take-over itself.
+async fn take_over_now(
+    hold: Arc<DriverHold>,
+    waiter: &str,
+    bid: &Bid,
+    give_up: Option<Instant>,
+) -> Result<Released> {
+    let outcome = release_with_retries(&hold, Some((waiter, bid)), give_up).await;
+    let parked = &hold.lock.engine().parked;
+    if outcome.is_ok() {
+        parked.finish(&hold);
+    } else if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move {
+            release_parked(&hold).await;
+            hold.lock.engine().parked.finish(&hold);
+        });
+    }
+    outcome
 }
 
 /// Releases one level of `hold` now. A barging mutex's release may hand the lock straight to a
