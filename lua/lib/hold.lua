@@ -25,7 +25,9 @@
 --      ASCII without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter
 --      that is only woken, never granted the lock (a Redlock round: it takes the lock on every
 --      instance itself); since ms is the server clock when the waiter queued, which bounds how
---      long a barging mutex may pass it over (hold_release.lua); 0 in a fair lock's queue
+--      long a barging mutex may pass it over (hold_release.lua); a fair lock's waiter that
+--      queued by an attempt has 0 (a take-over's line has the time: a fair lock reads
+--      neither, its queue is always due)
 -- Every write sets the hash's ttl to the holder's lease; a lock freed with nobody queued stays
 -- a tombstone {o = "", f, r, x} for the retry window, so that a retried release (same op id,
 -- re-sent by the client after a broken connection) is answered "released", and a take within
