@@ -87,6 +87,22 @@ impl Lease {
         }
     }
 
+    /// The lease a watchdog renewal at `now` asks for, for a hold taken at `acquired_at`: the
+    /// watchdog lease, cut to what is left of `max_hold`; None for a fixed lease, and once
+    /// less than the shortest lease is left of the cap.
+    pub(crate) fn watchdog_renewal(&self, acquired_at: Instant, now: Instant) -> Option<Duration> {
+        let Lease::Watchdog { lease, max_hold } = *self else {
+            return None;
+        };
+        match max_hold {
+            None => Some(lease),
+            Some(cap) => {
+                let left = (acquired_at + cap).saturating_duration_since(now);
+                (left >= crate::config::MIN_LEASE).then(|| lease.min(left))
+            }
+        }
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         match *self {
             Lease::Watchdog { lease, max_hold } => {
@@ -141,6 +157,54 @@ impl PartialEq for LostCause {
 
 impl Eq for LostCause {}
 
+/// The lease-lost signal of one hold: fires once, with the first cause; every guard, the
+/// watchdog and `lost()` futures see that cause. Shared by the holds of one client
+/// ([`Hold`]) and the holds that span several (a Redlock's).
+#[derive(Debug)]
+pub(crate) struct LostSignal(watch::Sender<Option<LostCause>>);
+
+impl Default for LostSignal {
+    fn default() -> Self {
+        LostSignal(watch::channel(None).0)
+    }
+}
+
+impl LostSignal {
+    /// Fires with `cause` unless it fired before; true when this call fired it.
+    pub(crate) fn fire(&self, cause: LostCause) -> bool {
+        self.0.send_if_modified(|slot| {
+            let first = slot.is_none();
+            if first {
+                *slot = Some(cause);
+            }
+            first
+        })
+    }
+
+    /// The cause it fired with, if it did.
+    pub(crate) fn cause(&self) -> Option<LostCause> {
+        self.0.borrow().clone()
+    }
+
+    /// Resolves with the cause once it fires (at once if it did). The future borrows nothing,
+    /// so it can be raced against a critical section; if the signal is dropped unfired (its
+    /// hold record is gone, which only happens at shutdown), it resolves with
+    /// [`LostCause::Shutdown`].
+    pub(crate) fn wait(&self) -> impl std::future::Future<Output = LostCause> + Send + 'static {
+        let mut receiver = self.0.subscribe();
+        async move {
+            loop {
+                if let Some(cause) = receiver.borrow_and_update().clone() {
+                    return cause;
+                }
+                if receiver.changed().await.is_err() {
+                    return LostCause::Shutdown;
+                }
+            }
+        }
+    }
+}
+
 /// What a hold needs from its lock kind: its keys, its role, and how to renew it. Every lock
 /// type's driver implements it; the watchdog, [`renew`] and [`verify_holds`] use nothing else.
 pub(crate) trait HoldKind: Send + Sync + 'static {
@@ -190,7 +254,7 @@ pub(crate) struct Hold<K: ?Sized + HoldKind> {
     /// Other acquisitions waited for the lock when this hold began (it was granted or handed
     /// over): its release is worth deferring for a task of this client (see `crate::engine::release`).
     pub(crate) contended: bool,
-    lost: watch::Sender<Option<LostCause>>,
+    lost: LostSignal,
 }
 
 impl<K: ?Sized + HoldKind> Hold<K> {
@@ -203,25 +267,18 @@ impl<K: ?Sized + HoldKind> Hold<K> {
         self.guards.load(Ordering::Acquire)
     }
 
-    pub(crate) fn lost_receiver(&self) -> watch::Receiver<Option<LostCause>> {
-        self.lost.subscribe()
+    /// The hold's lost signal.
+    pub(crate) fn lost(&self) -> &LostSignal {
+        &self.lost
     }
 
     pub(crate) fn lost_cause(&self) -> Option<LostCause> {
-        self.lost.borrow().clone()
+        self.lost.cause()
     }
 
     /// Fires the lost signal once; later causes are ignored.
     pub(crate) fn mark_lost(&self, cause: LostCause) {
-        let fired = self.lost.send_if_modified(|slot| {
-            if slot.is_none() {
-                *slot = Some(cause.clone());
-                true
-            } else {
-                false
-            }
-        });
-        if fired {
+        if self.lost.fire(cause.clone()) {
             tracing::warn!(
                 lock = self.lock.keys().name(),
                 token = self.token,
@@ -279,13 +336,7 @@ impl<K: ?Sized + HoldKind> Hold<K> {
                 let left = (self.acquired_at + lease).saturating_duration_since(now);
                 (left >= crate::config::MIN_LEASE).then_some(left)
             }
-            Lease::Watchdog { lease, max_hold } => match max_hold {
-                None => Some(lease),
-                Some(cap) => {
-                    let left = (self.acquired_at + cap).saturating_duration_since(now);
-                    (left >= crate::config::MIN_LEASE).then(|| lease.min(left))
-                }
-            },
+            Lease::Watchdog { .. } => self.lease.watchdog_renewal(self.acquired_at, now),
         }
     }
 }
@@ -356,7 +407,7 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
                 }),
                 guards: AtomicUsize::new(1),
                 contended,
-                lost: watch::channel(None).0,
+                lost: LostSignal::default(),
             })
         };
         let hold = match self.holds.entry(key.clone()) {
@@ -554,19 +605,33 @@ pub(crate) async fn renew<K: ?Sized + HoldKind>(
     holds: &[&Arc<Hold<K>>],
     lease: Duration,
 ) -> Result<Vec<i64>> {
-    let Some(first) = holds.first() else {
+    let holds: Vec<(&K, &Owner, u64)> = holds
+        .iter()
+        .map(|hold| (&*hold.lock, &hold.owner, hold.token))
+        .collect();
+    renew_holds(ctx, &holds, lease).await
+}
+
+/// One renew script call for the holds given as (lock, owner, token), which share a script
+/// and a hash slot, whether or not a [`HoldRegistry`] tracks them (a Redlock's do not): each
+/// gets `lease` from now. Returns one code per hold (see `lua/hold_renew.lua`).
+pub(crate) async fn renew_holds<K: ?Sized + HoldKind>(
+    ctx: &Context,
+    holds: &[(&K, &Owner, u64)],
+    lease: Duration,
+) -> Result<Vec<i64>> {
+    let Some(&(first, _, _)) = holds.first() else {
         return Ok(Vec::new());
     };
-    let script: &Script = first.lock.renew_script();
-    let mut keys = Vec::with_capacity(holds.len());
+    let script: &Script = first.renew_script();
+    let name = first.keys().name();
+    let mut keys = Vec::new();
     let mut args: Vec<Value> = vec![(lease.as_millis() as i64).into()];
-    for hold in holds {
-        keys.extend(hold.lock.renew_keys());
-        args.extend(hold.lock.renew_args(&hold.owner, hold.token));
+    for &(lock, owner, token) in holds {
+        keys.extend(lock.renew_keys());
+        args.extend(lock.renew_args(owner, token));
     }
-    let reply = ctx
-        .run(script, first.lock.keys().name(), keys, args)
-        .await?;
+    let reply = ctx.run(script, name, keys, args).await?;
     int_array(script.name(), reply)
 }
 

@@ -151,6 +151,41 @@ async fn lost_fires_when_the_quorum_cannot_be_renewed() {
     assert!(matches!(cause, LostCause::RenewalFailed(_)), "{cause:?}");
 }
 
+/// `unlock()` while one instance does not answer (frozen past the command timeout): its
+/// release is retried with the same op id once it is back, so no instance keeps the hold until
+/// the 120 s lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_rides_out_an_unresponsive_instance() {
+    init_tracing();
+    let servers = start_five();
+    let clients = clients(&urls(&servers)).await;
+    let guard = Redlock::new(&clients, "frozen")
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(120)))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap();
+    assert_eq!(guard.instances(), 5);
+    servers[0].stop_signal();
+    let unlocking = tokio::spawn(guard.unlock());
+    // Longer than the command timeout (500 ms): the first release on that instance times out.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    servers[0].cont_signal();
+    tokio::time::timeout(HANG, unlocking)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    for (at, client) in clients.iter().enumerate() {
+        let held = client.mutex("frozen").unwrap().is_locked().await.unwrap();
+        assert!(!held, "instance {at} still holds the released Redlock");
+    }
+    for client in clients {
+        let _ = client.shutdown().await;
+    }
+}
+
 /// Worker process: 3 tasks increment a counter under a Redlock over the 5 given servers.
 #[test]
 #[ignore = "worker process of the Redlock tests"]

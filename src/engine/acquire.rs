@@ -28,7 +28,7 @@ use super::release::{take_parked, wake_local_waiters};
 use super::{Attempt, Driver, DriverHold, Successor};
 use crate::context::BoxFuture;
 use crate::error::{Backoff, Error, Result};
-use crate::lease::Lease;
+use crate::lease::{renew_holds, Lease};
 use crate::notify::{Bid, Granted, Registration};
 use crate::owner::{op_id, Owner};
 
@@ -45,7 +45,7 @@ pub(crate) enum Patience {
 
 impl Patience {
     /// How long to wait for at most `bound`: None when the deadline has passed.
-    fn wait_limit(self, bound: Duration) -> Option<Duration> {
+    pub(crate) fn wait_limit(self, bound: Duration) -> Option<Duration> {
         match self {
             Patience::None => Some(Duration::ZERO),
             Patience::Forever => Some(bound),
@@ -568,19 +568,12 @@ async fn top_up_grant(
     lease: Duration,
 ) -> Result<()> {
     let ctx = &driver.engine().ctx;
-    let script = driver.renew_script();
-    let mut args: Vec<fred::types::Value> = vec![(lease.as_millis() as i64).into()];
-    args.extend(driver.renew_args(owner, token));
-    let keys = driver.keys();
-    let reply = ctx
-        .run(script, keys.name(), driver.renew_keys(), args)
-        .await?;
-    let codes = crate::scripts::int_array(script.name(), reply)?;
+    let codes = renew_holds(ctx, &[(&**driver, owner, token)], lease).await?;
     if codes.first() == Some(&1) {
         return Ok(());
     }
     Err(Error::NotReplicated {
-        lock: keys.name().to_owned(),
+        lock: driver.keys().name().to_owned(),
         acked: 0,
         wanted: ctx.config.replica_acks,
     })

@@ -41,7 +41,7 @@ use super::parked::{Asked, TakeOver};
 use super::{Driver, DriverHold, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
 use crate::notify::{Bid, Claim, HandedOver, WakeRule};
-use crate::owner::op_id;
+use crate::owner::{op_id, Owner};
 
 /// A hold is deferred only with at least this much of its lease left: the release that ends
 /// it must run well before Redis would drop it by itself.
@@ -259,21 +259,44 @@ pub(crate) async fn release_now(hold: &DriverHold) -> Result<Released> {
     outcome
 }
 
-/// One release call for `hold`, naming `successor` (if any). A transient failure (timeout,
-/// broken connection, failover) is retried with the same op id, so a release that did run is
-/// answered, not applied twice, until the hold's lease would have ended anyway; a hold whose
-/// lease is over by then is reported as expired.
-///
-/// `give_up`: an acquisition taking the hold over stops retrying at its own deadline (and
-/// returns the error).
+/// One release call for `hold`, naming `successor` (if any), retried as
+/// [`release_retrying`] says until the hold's lease would have ended.
 async fn release_with_retries(
     hold: &DriverHold,
     successor: Option<(&str, &Bid)>,
     give_up: Option<Instant>,
 ) -> Result<Released> {
+    let lease_end = hold.deadline();
+    release_retrying(
+        &hold.lock,
+        &hold.owner,
+        hold.token,
+        lease_end,
+        successor,
+        give_up,
+    )
+    .await
+}
+
+/// One release call for the hold of `owner` with `token` through `driver` (a hold of this
+/// client, or one instance's share of a [`crate::Redlock`] hold), naming `successor` (if any).
+/// A transient failure (timeout, broken connection, failover) is retried with the same op id,
+/// so a release that did run is answered, not applied twice, until `lease_end`, when the hold
+/// would have ended anyway; a hold whose lease is over by then is reported as expired.
+///
+/// `give_up`: an acquisition taking the hold over stops retrying at its own deadline (and
+/// returns the error).
+pub(crate) async fn release_retrying(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    token: u64,
+    lease_end: Instant,
+    successor: Option<(&str, &Bid)>,
+    give_up: Option<Instant>,
+) -> Result<Released> {
     let op = op_id();
     let mut backoff = Backoff::default();
-    let driver = &hold.lock;
+    let lock = driver.keys().name();
     loop {
         // A successor is named by a hand-over or a take-over; without one, a lock that hands
         // over still may (to a local waiter claimed by the script's reply).
@@ -283,25 +306,21 @@ async fn release_with_retries(
             driver.handover()
         };
         let outcome = match via {
-            Some(handover) => {
-                handover
-                    .release_to(&hold.owner, hold.token, &op, successor)
-                    .await
-            }
-            None => driver.release(&hold.owner, hold.token, &op, false).await,
+            Some(handover) => handover.release_to(owner, token, &op, successor).await,
+            None => driver.release(owner, token, &op, false).await,
         };
         match outcome {
             Err(error)
                 if error.is_retryable()
                     && !matches!(give_up, Some(at) if Instant::now() + backoff.peek() >= at) =>
             {
-                if Instant::now() + backoff.peek() >= hold.deadline() {
+                if Instant::now() + backoff.peek() >= lease_end {
                     // The lease is over: Redis drops the hold by itself (at the latest when its
                     // TTL, which this client no longer extends, runs out).
-                    tracing::debug!(lock = hold.lock.keys().name(), %error, "release failed past the lease; the hold expires");
+                    tracing::debug!(lock, %error, "release failed past the lease; the hold expires");
                     return Ok(Released::NotHeld(NotHeldReason::Expired));
                 }
-                tracing::debug!(lock = hold.lock.keys().name(), %error, "release failed; retrying");
+                tracing::debug!(lock, %error, "release failed; retrying");
                 tokio::time::sleep(backoff.next_pause()).await;
             }
             other => return other,

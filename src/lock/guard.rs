@@ -89,18 +89,7 @@ impl LockGuard {
     /// # async fn do_work() {}
     /// ```
     pub fn lost(&self) -> impl Future<Output = LostCause> + Send + 'static {
-        let mut receiver = self.hold.lost_receiver();
-        async move {
-            loop {
-                if let Some(cause) = receiver.borrow_and_update().clone() {
-                    return cause;
-                }
-                if receiver.changed().await.is_err() {
-                    // The hold record is gone, which only happens at shutdown.
-                    return LostCause::Shutdown;
-                }
-            }
-        }
+        self.hold.lost().wait()
     }
 
     /// Sets the hold's remaining lease to `lease` (owner and token checked), shorter or longer

@@ -7,6 +7,14 @@
 //! attempt releases whatever it took on every instance. While the guard lives, a renewal task
 //! extends the holds on all instances every third of the lease and keeps the lock only while a
 //! quorum confirms.
+//!
+//! What is not specific to the algorithm comes from the pieces every lock type uses: the
+//! patience of `lock` / `try_lock` / `lock_timeout` (the engine's `Patience`), the lease-lost
+//! signal (`lease::LostSignal`), the `max_hold` cap of a watchdog lease
+//! (`Lease::watchdog_renewal`), the renew call (`lease::renew_holds`) and the release that
+//! retries transient failures with the same op id until the lease would have ended
+//! (`engine::release::release_retrying`). The rounds, the quorum and the validity are this
+//! module's own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,18 +23,16 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::task::Poll;
 use std::time::Duration;
 
-use fred::types::Value;
-use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
-use crate::config::{check_duration, MIN_LEASE};
+use crate::config::check_duration;
 use crate::context::BoxFuture;
-use crate::engine::{Attempt, Driver, Engine, Finish, Released, SpanningHold};
+use crate::engine::release::release_retrying;
+use crate::engine::{Attempt, Driver, Engine, Finish, Patience, Released, SpanningHold};
 use crate::error::{Error, NotHeldReason, Result};
-use crate::lease::{Lease, LostCause};
+use crate::lease::{renew_holds, Lease, LostCause, LostSignal};
 use crate::lock::mutex::Mutex;
-use crate::lock::run_ints;
 use crate::notify::Registration;
 use crate::owner::{op_id, Owner};
 
@@ -111,7 +117,7 @@ impl Redlock {
 
     /// Waits until the lock is held on a quorum.
     pub async fn lock(&self) -> Result<RedlockGuard> {
-        match self.acquire(Some(None)).await? {
+        match self.acquire(Patience::Forever).await? {
             Some(guard) => Ok(guard),
             None => Err(Error::Shutdown),
         }
@@ -120,7 +126,7 @@ impl Redlock {
     /// One attempt: `Ok(None)` when the lock is held elsewhere,
     /// [`Error::NoQuorum`] when too few instances answered.
     pub async fn try_lock(&self) -> Result<Option<RedlockGuard>> {
-        self.acquire(None).await
+        self.acquire(Patience::None).await
     }
 
     /// Waits at most `timeout`: `Ok(None)` when the lock stayed held elsewhere,
@@ -130,17 +136,17 @@ impl Redlock {
             return self.try_lock().await;
         }
         check_duration("timeout", timeout, Duration::from_nanos(1))?;
-        self.acquire(Some(Some(Instant::now() + timeout))).await
+        self.acquire(Patience::Until(Instant::now() + timeout))
+            .await
     }
 
     fn lease_ms(&self) -> Duration {
         self.lease.initial()
     }
 
-    /// `patience`: None = one attempt; Some(None) = forever; Some(Some(deadline)).
-    async fn acquire(&self, patience: Option<Option<Instant>>) -> Result<Option<RedlockGuard>> {
+    async fn acquire(&self, patience: Patience) -> Result<Option<RedlockGuard>> {
         let owner = self.owner.clone().unwrap_or_default();
-        let waiting = patience.is_some();
+        let waiting = patience != Patience::None;
         let waiter: Arc<str> = op_id().into();
         let registrations: Vec<Registration> = if waiting {
             self.instances
@@ -175,26 +181,17 @@ impl Redlock {
                     contested,
                 } => (reachable, ttl, contested),
             };
-            let no_quorum = || Error::NoQuorum {
-                lock: self.name.clone(),
-                reached: reachable,
-                needed: self.quorum(),
-            };
-            let limit = match patience {
-                None if reachable < self.quorum() => return Err(no_quorum()),
-                None => return Ok(None),
-                Some(None) => ttl,
-                Some(Some(deadline)) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return if reachable < self.quorum() {
-                            Err(no_quorum())
-                        } else {
-                            Ok(None)
-                        };
-                    }
-                    ttl.min(left)
+            let limit = match patience.wait_limit(ttl) {
+                Some(limit) if waiting => limit,
+                // Out of patience: an answer from too few instances is an error, not a "busy".
+                _ if reachable < self.quorum() => {
+                    return Err(Error::NoQuorum {
+                        lock: self.name.clone(),
+                        reached: reachable,
+                        needed: self.quorum(),
+                    })
                 }
+                _ => return Ok(None),
             };
             // Unreachable instances send no events: retry them on a short backoff instead.
             let limit = if reachable < self.quorum() {
@@ -226,8 +223,8 @@ impl Redlock {
         let orphans = instances[0].engine().ctx.orphans.clone();
         Finish::new(work, orphans, move |result| {
             Box::pin(async move {
-                if let Ok(Round::Won(holds, _)) = result {
-                    release_all(&owner, &holds).await;
+                if let Ok(Round::Won(holds, started)) = result {
+                    release_all(&owner, &holds, started + lease).await;
                 }
             })
         })
@@ -302,7 +299,7 @@ async fn round(
         return Ok(Round::Won(granted, started));
     }
     let contested = !granted.is_empty();
-    release_all(&owner, &granted).await;
+    release_all(&owner, &granted, started + lease).await;
     Ok(Round::Lost {
         reachable,
         ttl: ttl.max(Duration::from_millis(1)),
@@ -317,12 +314,15 @@ fn validity(lease: Duration, started: Instant) -> Option<Instant> {
     (end > Instant::now()).then_some(end)
 }
 
-/// Releases the given holds on their instances, concurrently; returns how many were released.
-async fn release_all(owner: &Owner, holds: &[(Arc<dyn Driver>, u64)]) -> usize {
+/// Releases the given holds on their instances, concurrently, each retried on transient
+/// failures until `lease_end`; returns how many were released.
+async fn release_all(owner: &Owner, holds: &[(Arc<dyn Driver>, u64)], lease_end: Instant) -> usize {
     let mut calls = JoinSet::new();
     for (driver, token) in holds {
         let (driver, owner, token) = (driver.clone(), owner.clone(), *token);
-        calls.spawn(async move { driver.release(&owner, token, &op_id(), false).await });
+        calls.spawn(async move {
+            release_retrying(&driver, &owner, token, lease_end, None, None).await
+        });
     }
     let mut released = 0;
     while let Some(joined) = calls.join_next().await {
@@ -363,7 +363,7 @@ struct Shared {
     owner: Owner,
     holds: Vec<(Arc<dyn Driver>, u64)>,
     deadline: StdMutex<Instant>,
-    lost: watch::Sender<Option<LostCause>>,
+    lost: LostSignal,
     /// Set by whichever releases the holds first: `unlock()`, `Drop`, or a client's shutdown.
     released: AtomicBool,
     renewal: StdMutex<Option<JoinHandle<()>>>,
@@ -382,7 +382,7 @@ impl Shared {
             return None;
         }
         self.detach();
-        Some(release_all(&self.owner, &self.holds).await)
+        Some(release_all(&self.owner, &self.holds, self.deadline()).await)
     }
 
     /// Stops the renewal task and leaves every client's map of spanning holds, so that they do
@@ -402,14 +402,7 @@ impl Shared {
     }
 
     fn mark_lost(&self, name: &str, cause: LostCause) {
-        let fired = self.lost.send_if_modified(|slot| {
-            let fire = slot.is_none();
-            if fire {
-                *slot = Some(cause.clone());
-            }
-            fire
-        });
-        if fired {
+        if self.lost.fire(cause.clone()) {
             tracing::warn!(lock = name, ?cause, "redlock lost");
         }
     }
@@ -419,7 +412,7 @@ impl Shared {
     }
 
     fn lost_cause(&self) -> Option<LostCause> {
-        self.lost.borrow().clone()
+        self.lost.cause()
     }
 }
 
@@ -457,7 +450,7 @@ impl RedlockGuard {
             owner: owner.clone(),
             holds: holds.clone(),
             deadline: StdMutex::new(deadline),
-            lost: watch::channel(None).0,
+            lost: LostSignal::default(),
             released: AtomicBool::new(false),
             renewal: StdMutex::new(None),
             id: NEXT_SPANNING_ID.fetch_add(1, Ordering::Relaxed),
@@ -510,17 +503,7 @@ impl RedlockGuard {
 
     /// Resolves when the hold can no longer be guaranteed by a quorum.
     pub fn lost(&self) -> impl Future<Output = LostCause> + Send + 'static {
-        let mut receiver = self.shared.lost.subscribe();
-        async move {
-            loop {
-                if let Some(cause) = receiver.borrow_and_update().clone() {
-                    return cause;
-                }
-                if receiver.changed().await.is_err() {
-                    return LostCause::Shutdown;
-                }
-            }
-        }
+        self.shared.lost.wait()
     }
 
     /// Releases the hold on every instance. [`Error::NotHeld`] when no instance still had it;
@@ -596,21 +579,10 @@ async fn keep_alive(
     acquired: Instant,
     shared: Arc<Shared>,
 ) {
-    let (period_lease, cap) = match lease {
-        Lease::Watchdog { lease, max_hold } => (Some(lease), max_hold),
-        Lease::Fixed(_) => (None, None),
-    };
     loop {
         let deadline = shared.deadline();
-        // The renewal lease never reaches past the max_hold cap.
-        let capped = |lease: Duration| match cap {
-            None => Some(lease),
-            Some(cap) => {
-                let left = (acquired + cap).saturating_duration_since(Instant::now());
-                (left >= MIN_LEASE).then(|| lease.min(left))
-            }
-        };
-        let Some(lease) = period_lease.and_then(capped) else {
+        // A fixed lease is never renewed; a watchdog lease never past its max_hold cap.
+        let Some(lease) = lease.watchdog_renewal(acquired, Instant::now()) else {
             tokio::time::sleep_until(deadline).await;
             shared.mark_lost(&name, LostCause::Expired);
             return;
@@ -664,13 +636,10 @@ async fn renew_everywhere(
     for (driver, token) in holds {
         let (driver, owner, token) = (driver.clone(), owner.clone(), *token);
         calls.spawn(async move {
-            let script = driver.renew_script();
-            let mut args: Vec<Value> = vec![(lease.as_millis() as i64).into()];
-            args.extend(driver.renew_args(&owner, token));
             let ctx = &driver.engine().ctx;
             let timeout = ctx.config.command_timeout.min(lease / 3);
-            let call = run_ints(ctx, script, driver.keys().name(), driver.renew_keys(), args);
-            match tokio::time::timeout(timeout, call).await {
+            let hold = [(&*driver, &owner, token)];
+            match tokio::time::timeout(timeout, renew_holds(ctx, &hold, lease)).await {
                 Ok(Ok(codes)) => codes.first().copied(),
                 _ => None,
             }
