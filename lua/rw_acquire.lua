@@ -1,209 +1,163 @@
--- rw_acquire.lua: take or re-enter a read or write hold of a read-write lock, or queue for it.
--- Uses lib/fence.lua, lib/queue.lua, lib/rw.lua and lib/notify.lua.
+-- rw_acquire.lua: take, re-enter or queue for a read or write hold of a read-write lock.
+-- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
--- Writers: a write hold needs no live writer (except the owner itself: re-entry) and no reader,
--- and the writer must be first in the queue. An owner holding a read hold is refused at once
--- (no upgrade). Readers: a read hold needs no live writer (except the owner itself: downgrade)
--- and no live writer queued ahead of the reader, so once a writer waits, new readers queue
--- behind it (writer-starvation prevention). Dead writers met in the queue are dropped.
+-- Writers: a write hold needs no live write hold (but the owner's own: re-entry), no live read
+-- hold, and nobody queued ahead. An owner holding a read hold is refused at once (no upgrade:
+-- waiting would deadlock on itself). Readers: a read hold needs no live write hold (but the
+-- owner's own: a downgrade) and no writer queued, so once a writer waits, new readers queue
+-- behind it (writer-starvation prevention). A lock found free with waiters still queued (its
+-- holds lapsed) is first granted to them (lib/rw.lua), and the caller queues behind.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] readers  ZSET reader owner -> lease end (see lib/rw.lua)
--- KEYS[3] fence    the shard's fence key (see lib/fence.lua)
--- KEYS[4] events, KEYS[5] seq   unused (passed for the canonical positions, lua/README.md)
--- KEYS[6] queue    LIST of waiter ids, writers prefixed "w", readers "r" (see lib/queue.lua)
--- KEYS[7] alive    ZSET waiter id -> waiter lease end
+-- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[3] fence    the shard's fence key (lib/fence.lua), read only for a lock with no hash
+-- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
 -- ARGV[2] lease    lease in ms (> 0)
 -- ARGV[3] op       op id, unique per call; a retried call with the same op id is answered, not
 --                  re-applied
--- ARGV[4] waiter   waiter id of this acquisition
--- ARGV[5] waiter-lease  waiter lease in ms; 0 for a try that must not join the queue
--- ARGV[6..8]       unused (the event arguments: this script emits nothing)
+-- ARGV[4] waiter   the waiter id of this acquisition ("" for a try): a release may have
+--                  granted it the hold under this id already
+-- ARGV[5] waiter-lease  0 for a try (never queues); > 0: when it must wait, the waiter joins
+--                  the queue, and a release that grants it the hold makes the hold last
+--                  min(lease, this) ms until the waiter's client renews it
+-- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
 -- ARGV[9] side     "read" or "write"
--- ARGV[10] margin  key TTL margin in ms: the retry window (see lib/rw.lua)
--- ARGV[11] fence   the fence argument "<0|1><layout>" (see lib/fence.lua)
+-- ARGV[10] inbox   the inbox tag of the caller's client (where a grant is sent)
+-- ARGV[11] window  the retry window in ms: the ttl of a lock left with no hold
+-- ARGV[12] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered (a read hold's token is
---         the shard's last token when the owner's read hold began),
---         {0, ms to wait at most before trying again} when it must wait,
+--           the lock's f when the owner's read hold began),
+--         {1, fencing token, hold count, remaining ms} when a release had already granted
+--           the hold to this acquisition (its event has not been read yet),
+--         {0, bound ms, fencing token} when it must wait: the latest end of the holds in its
+--           way, which it looks again after (event or not), and the lock's f,
 --         {-2} when the owner holds a read hold and asked for a write hold,
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
---         layout (lib/fence.lua).
-local hold, readers, fence, queue, alive = KEYS[1], KEYS[2], KEYS[3], KEYS[6], KEYS[7]
-local owner, lease, op, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local waiter_lease, side = tonumber(ARGV[5]), ARGV[9]
-local tomb, fence_arg = tonumber(ARGV[10]), ARGV[11]
+--         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold or the fence
+--         key holds a foreign value.
+local hold, fence, events = KEYS[1], KEYS[3], KEYS[4]
+local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local waiter_lease, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
+local side, inbox, window, fence_arg = ARGV[9], ARGV[10], tonumber(ARGV[11]), ARGV[12]
 
--- Reads first (lib/rw.lua): the fence (GET), the hash (HMGET), then what the path needs. The
--- one key whose first access may be a write is the queue of a waiter kept out before it looked
--- at the queue (by a live writer, or by live readers): its RPUSH is then the script's first
--- write (else a typed read of the queue comes first, below).
-local last, refusal = fl_fence_read(fence, fence_arg)
-if not last then
-  return redis.error_reply(refusal)
-end
-local f = fl_rw_read(hold, owner)
-local now, now_us = fl_now()
+local fields = fl_rw_read(hold)
+local now_us = fl_now_us()
+local now_ms = math.floor(now_us / 1000)
+local state = fl_rw_state(fields, now_ms, owner)
+local writing = side == 'write'
 
--- Another owner's live write hold decides alone (no reader holds besides it, so the readers
--- ZSET has nothing to say, and its expired entries can wait for the next purge).
-local purge
-if not (f.w and f.w ~= owner and tonumber(f.we) > now and not f.rc) then
-  purge = fl_rw_purge(hold, readers, f, owner, now)
-end
-local writer = f.w
-local reading = purge and purge.any
-
--- The writes begin here: first the purge of expired holds (read above).
-local function begin_writes()
-  if purge then
-    fl_rw_apply(hold, readers, purge, now)
-    purge = nil
+-- Holds that lapsed left waiters queued behind them: the queue is served first (a writer at
+-- its head is granted the lock once no read hold is left, readers at its head a read hold
+-- each), unless this acquisition is the writer at its head. It then looks again.
+local q = fields[7] or ''
+if not state.writer and q ~= '' then
+  local reader_head = string.byte(q, 1) == 114
+  local own_head = fl_queue_find(q, waiter) == 1
+  if reader_head or (state.readers == 0 and not (writing and own_head)) then
+    fl_rw_grant(hold, fields[3] or '0', q, state, now_us, fields[6] or '', events, mode,
+      lock_id, nil, window)
+    fields = fl_rw_read(hold)
+    state = fl_rw_state(fields, now_ms, owner)
+    q = fields[7] or ''
   end
 end
+local mine = state.mine
 
-if f.op == op then
-  begin_writes()
-  if side == 'write' then
-    return {1, tonumber(f.wf), tonumber(f.wc)}
-  end
-  return {1, tonumber(f.rt), tonumber(f.rc)}
+-- Answered without a change: a hold a release granted to this acquisition, a retried call.
+if waiter ~= '' and writing and state.writer and fields[8] == waiter then
+  return {1, tonumber(fields[3]), tonumber(fields[2]), state.ends - now_ms}
+end
+if waiter ~= '' and not writing and mine and mine.waiter == waiter then
+  return {1, tonumber(mine.token), mine.count, mine.ends - now_ms}
+end
+if writing and state.writer == owner and fields[5] == op then
+  return {1, tonumber(fields[3]), tonumber(fields[2])}
+end
+if not writing and mine and mine.op == op then
+  return {1, tonumber(mine.token), mine.count}
+end
+if writing and mine then
+  return {-2}
 end
 
--- Queue entries to drop: the dead waiters ahead of the head (a writer's attempt), or the dead
--- writers queued ahead of this reader (a reader's), found while reading the queue.
-local dead, looked = {}, false
-local function drop_dead()
-  if side == 'write' then
-    fl_drop(queue, alive, #dead, dead)
-    return
+local queue, queued = fl_queue_without(q, waiter)
+local lease_end = now_ms + lease
+
+-- Re-entry (and a downgrade): the owner's own hold grows by one level, and its queue line, if
+-- it had queued meanwhile, goes.
+if writing and state.writer == owner then
+  local count = tonumber(fields[2]) + 1
+  state.ends = math.max(state.ends, lease_end)
+  redis.call('HSET', hold, 'c', count, 'r', op, 'e', state.ends, 'q', queue,
+    's', fl_rw_readers(state))
+  fl_rw_keep(hold, state, now_ms, window)
+  return {1, tonumber(fields[3]), count}
+end
+if not writing and (mine or state.writer == owner) then
+  if mine then
+    mine.count, mine.ends, mine.op = mine.count + 1, math.max(mine.ends, lease_end), op
+  else
+    state.mine = {count = 1, token = fields[3], ends = lease_end, op = op, waiter = '-'}
+    mine = state.mine
   end
-  for _, entry in ipairs(dead) do
-    redis.call('LREM', queue, 1, entry)
-  end
-  fl_drop(queue, alive, 0, dead)
+  redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state))
+  fl_rw_keep(hold, state, now_ms, window)
+  return {1, tonumber(mine.token), mine.count}
 end
 
--- A read hold for owner, with `token` (the write hold's, for a downgrade) or the shard's last
--- token. Writes only.
-local function take_read(token)
-  if not token and last > 0 then
-    token = fl_fence_text(last)
-  elseif not token then
-    -- The shard's fence key was missing (and may be created): the read issues a token.
+-- A take: a writer needs no hold and nobody ahead in the queue; a reader no writer, holding
+-- or queued.
+local takes
+if writing then
+  takes = not state.writer and state.readers == 0 and (queue == '' or
+    fl_queue_find(q, waiter) == 1)
+else
+  takes = not state.writer and not fl_rw_has_writer(queue)
+end
+if takes then
+  local token = fields[3]
+  if not token then
+    local last, refusal = fl_fence_read(fence, fence_arg)
+    if not last then
+      return redis.error_reply(refusal)
+    end
     token = fl_fence_next(fence, fence_arg, last, now_us)
+  elseif writing then
+    token = fl_token_after(tonumber(token), now_us)
   end
-  redis.call('HSET', hold, 'rc:' .. owner, 1, 'rt:' .. owner, token, 'op:' .. owner, op)
-  redis.call('ZADD', readers, now + lease, owner)
-  fl_rw_keep(hold, readers, now, tomb, f.we, reading or now + lease)
+  if writing then
+    state.writer, state.ends = owner, lease_end
+    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', op, 'g', '',
+      'e', lease_end, 'q', queue, 's', fl_rw_readers(state))
+  else
+    state.mine = {count = 1, token = token, ends = lease_end, op = op, waiter = '-'}
+    redis.call('HSET', hold, 'f', token, 'q', queue, 's', fl_rw_readers(state))
+    if state.changed then
+      redis.call('HSET', hold, 'o', '', 'c', 0, 'e', '')
+    end
+  end
+  fl_rw_keep(hold, state, now_ms, window)
   return {1, tonumber(token), 1}
 end
 
-if side == 'write' then
-  if writer == owner then
-    begin_writes()
-    local count = tonumber(f.wc) + 1
-    if tonumber(f.we) < now + lease then
-      f.we = now + lease
-      redis.call('HSET', hold, 'wc', count, 'we', f.we, 'op:' .. owner, op)
-    else
-      redis.call('HSET', hold, 'wc', count, 'op:' .. owner, op)
-    end
-    fl_rw_keep(hold, readers, now, tomb, f.we, reading)
-    return {1, tonumber(f.wf), count}
-  end
-  if f.rc then
-    begin_writes()
-    return {-2}
-  end
-  if not writer and not reading then
-    local head
-    head, dead = fl_peek(queue, alive, now, 0)
-    looked = true
-    if not head or head == id then
-      if head then
-        dead[#dead + 1] = head
-      end
-      begin_writes()
-      drop_dead()
-      local token = fl_fence_next(fence, fence_arg, last, now_us)
-      redis.call('HSET', hold, 'w', owner, 'wc', 1, 'wf', token, 'we', now + lease,
-        'op:' .. owner, op)
-      fl_rw_keep(hold, readers, now, tomb, now + lease, false)
-      return {1, tonumber(token), 1}
-    end
-  end
-else
-  if f.rc then
-    local mine = tonumber(redis.call('ZSCORE', readers, owner))
-    begin_writes()
-    local count = tonumber(f.rc) + 1
-    redis.call('HSET', hold, 'rc:' .. owner, count, 'op:' .. owner, op)
-    if mine < now + lease then
-      redis.call('ZADD', readers, now + lease, owner)
-    end
-    fl_rw_keep(hold, readers, now, tomb, f.we, true)
-    return {1, tonumber(f.rt), count}
-  end
-  if writer == owner then
-    begin_writes()
-    return take_read(f.wf)
-  end
-  if not writer then
-    -- Only if no live writer is queued ahead of it (dead ones met on the way are dropped).
-    local may_go, queued
-    may_go, dead, queued = fl_rw_may_go(queue, alive, id, now)
-    looked = true
-    if may_go then
-      -- It leaves the queue, if it was there.
-      local lease_end = queued and redis.call('ZSCORE', alive, id)
-      begin_writes()
-      drop_dead()
-      if queued then
-        redis.call('LREM', queue, 1, id)
-      end
-      if lease_end then
-        redis.call('ZREM', alive, id)
-      end
-      return take_read(nil)
-    end
-  end
+-- It waits: it queues (unless it only tries), at the tail; the lapsed holds it met go.
+if waiter_lease > 0 and not queued then
+  local lasts = math.max(math.min(lease, waiter_lease), 0)
+  queue = queue .. fl_queue_line(waiter, inbox, owner, lease, lasts, 0)
+elseif queued then
+  queue = q
 end
-
--- It waits: it queues (unless it only tries), behind the live head or writer it met.
-local queued = false
-if waiter_lease > 0 then
-  queued = redis.call('ZSCORE', alive, id)
-  for _, entry in ipairs(dead) do
-    if entry == id then
-      -- Its own entry is dropped as dead: it queues again, at the tail.
-      queued = false
-    end
+if queue ~= q or state.changed then
+  redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state))
+  if state.changed and not state.writer then
+    redis.call('HSET', hold, 'o', '', 'c', 0, 'e', '')
   end
-  if not looked and (queued or (purge and fl_rw_purging(purge))) then
-    -- Its RPUSH is not the script's first write: a typed read of the queue first.
-    redis.call('LLEN', queue)
-  end
+  fl_rw_keep(hold, state, now_ms, window)
 end
-local top
-if not writer and side == 'write' and reading then
-  top = tonumber(redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')[2])
+local bound = fl_rw_last(state) - now_ms
+if bound < 1 then
+  bound = math.max(waiter_lease, 1000)
 end
-begin_writes()
-drop_dead()
-if waiter_lease > 0 then
-  fl_enqueue(queue, alive, id, now, waiter_lease, queued)
-end
-local wait
-if writer then
-  wait = tonumber(f.we) - now
-elseif side == 'write' and reading then
-  wait = top - now
-else
-  wait = math.max(waiter_lease, 1000)
-end
-if wait < 1 then
-  wait = 1
-end
-return {0, wait}
+return {0, bound, tonumber(fields[3]) or 0}

@@ -1,31 +1,33 @@
--- rw_force_unlock.lua: free a read-write lock of all its holds (administrative).
--- Uses lib/queue.lua, lib/notify.lua and lib/rw.lua. The fencing counter is left alone.
+-- rw_force_unlock.lua: remove every read and write hold of a read-write lock, whoever holds
+-- them, and grant the lock to the head of its queue (lib/rw.lua). The token f is kept.
+-- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
--- KEYS[1] hold, KEYS[2] readers (see lib/rw.lua)
--- KEYS[3] fence    unused (passed for the canonical positions, lua/README.md)
--- KEYS[4] events, KEYS[5] seq (the shard's)
--- KEYS[6] queue, KEYS[7] alive (see lib/queue.lua)
--- ARGV[1..5]       unused (this script has no call arguments)
--- ARGV[6] mode, ARGV[7] maxlen, ARGV[8] lock-id   the event arguments (see lib/notify.lua)
+-- KEYS[1] hold     the lock's hash (see lib/rw.lua)
+-- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[3] fence    unused (kept for the canonical order)
+-- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- ARGV[1..4]       unused (the call section of an acquisition, lua/README.md)
+-- ARGV[5] window   the retry window in ms: the ttl of a lock left with no hold
+-- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
 --
--- When a hold was removed and waiters are queued, emits one event like rw_release.lua: `name`
--- for a writer at the head, `chain` with the admitted readers for a reader (fl_rw_next).
--- Returns {1} when any hold was removed, {0} when the lock was free.
-local hold, readers, events, seq = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
-local queue, alive = KEYS[6], KEYS[7]
-local mode, maxlen, lock_id = ARGV[6], ARGV[7], ARGV[8]
--- Reads first (lib/rw.lua): HGET and ZCARD are typed reads, and DEL (which takes any type)
--- comes after them. The queue and the shard's keys are read, and written, only when a hold
--- is removed.
-redis.call('HGET', hold, 'w')
-redis.call('ZCARD', readers)
-if redis.call('EXISTS', hold, readers) == 0 then
+-- Returns {1} when a hold was removed, {0} when the lock had none,
+--         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
+local hold, events = KEYS[1], KEYS[4]
+local window, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
+
+local fields = fl_rw_read(hold)
+local now_us = fl_now_us()
+local now_ms = math.floor(now_us / 1000)
+local state = fl_rw_state(fields, now_ms, '')
+if not state.writer and state.readers == 0 then
   return {0}
 end
-local dead, plan = fl_rw_next(queue, alive, fl_now(), 0, events, seq, mode)
-redis.call('DEL', hold, readers)
-fl_drop(queue, alive, #dead, dead)
-if plan then
-  fl_rw_announce(plan, events, seq, mode, maxlen, lock_id)
+state.writer, state.ends, state.others, state.last, state.readers = false, 0, '', 0, 0
+redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '', 's', '')
+local q = fields[7] or ''
+local granted = q ~= '' and fl_rw_grant(hold, fields[3], q, state, now_us, fields[6] or '',
+  events, mode, lock_id, nil, window)
+if not granted then
+  fl_rw_keep(hold, state, now_ms, window)
 end
 return {1}

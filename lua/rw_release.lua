@@ -1,154 +1,168 @@
--- rw_release.lua: give back one read or write hold (or all of them) of a read-write lock.
--- Uses lib/queue.lua, lib/rw.lua and lib/notify.lua.
+-- rw_release.lua: give back one read or write hold (or every level of it) of a read-write lock;
+-- when that leaves the lock free for the head of the queue, grant it (lib/rw.lua: a writer
+-- alone once no read hold is left, or the readers at the head together).
+-- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
--- Freeing the write hold (a write unlock or the write half of a downgrade) and freeing the
--- last read hold each emit ONE event when waiters are queued (see fl_rw_plan in lib/rw.lua):
--- a writer at the head of the queue is woken by name; a reader at the head makes a `chain`
--- event that names every live reader up to the first live writer (the readers that may go now;
--- '*' for every reader when there are more than one event names).
+-- A write release may name a successor: a task of the releasing process that asks for the
+-- write hold right after this release (a take-over of a deferred release). The lock is fair:
+-- the successor is handed the lock only when nobody is queued; otherwise the lock goes to the
+-- queue and the successor joins its tail in the same call, as a busy rw_acquire would.
 --
--- KEYS[1] hold, KEYS[2] readers (see lib/rw.lua)
--- KEYS[3] fence    unused (passed for the canonical positions, lua/README.md)
--- KEYS[4] events, KEYS[5] seq (the shard's)
--- KEYS[6] queue, KEYS[7] alive (see lib/queue.lua)
--- KEYS[8] done     ZSET of final releases (see lib/rw.lua)
+-- KEYS[1] hold     the lock's hash (see lib/rw.lua)
+-- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[3] fence    unused (a grant or hand-over continues the lock's token)
+-- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
--- ARGV[2] token    fencing token of the hold being released
+-- ARGV[2] token    fencing token of the hold being released (a stale hold of the same owner
+--                  is refused)
 -- ARGV[3] op       op id, unique per call; a retried call with the same op id is answered, not
 --                  re-applied
--- ARGV[4] all      "1" to release every hold of this side of the owner at once, "0" to release
---                  one
--- ARGV[5] window   retry window in ms
--- ARGV[6] mode, ARGV[7] maxlen, ARGV[8] lock-id   the event arguments (see lib/notify.lua)
+-- ARGV[4] all      "1" to release every level of the hold at once, "0" to release one
+-- ARGV[5] window   the retry window in ms: the ttl of a lock left with no hold
+-- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
 -- ARGV[9] side     "read" or "write"
+-- ARGV[10] successor  successor owner id, "" for none (write side only)
+-- ARGV[11] successor-waiter  the successor's waiter id
+-- ARGV[12] successor-lease   its lease in ms
+-- ARGV[13] limit   unused (the lock is fair: a successor never passes a queued waiter)
+-- ARGV[14] inbox   the successor's client's inbox tag
+-- ARGV[15] successor-queues  its grant ms (the waiter lease of its client): when the lock
+--                  goes to the queue, the successor joins the queue's tail
 --
--- Returns {1, holds of this side left} when released, {0, 0} when not held (expired),
---         {-1, 0} when held under another token (a newer hold of this owner).
-local hold, readers, events, seq = KEYS[1], KEYS[2], KEYS[4], KEYS[5]
-local queue, alive, done = KEYS[6], KEYS[7], KEYS[8]
-local owner, token, op, all, tomb = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local mode, maxlen, lock_id, side = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+-- Returns {1, holds left} when released (0: this side's hold is gone),
+--         {1, 0, token, queued} when the write hold was handed to the successor with this
+--           fencing token (also when this call is a retry of a release that did so); queued
+--           is 1 when waiters stay queued behind it, else 0,
+--         {2, bound ms, token} when the lock went to the queue and the successor joined the
+--           queue: the latest end of the holds granted and the lock's token, as in
+--           rw_acquire's busy reply (also to a retry, while the successor is queued),
+--         {0, 0} when the hold is not there (expired or released),
+--         {-1, 0} when the owner's hold carries another token (a newer hold of this owner),
+--         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
+local hold, events = KEYS[1], KEYS[4]
+local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local mode, lock_id, side = ARGV[6], ARGV[8], ARGV[9]
+local successor, successor_waiter = ARGV[10] or '', ARGV[11] or ''
+local successor_lease, successor_inbox = tonumber(ARGV[12]) or 0, ARGV[14] or ''
+local successor_queues = ARGV[15] or ''
 
--- Reads first (lib/rw.lua), writes after. A write release reads `done` only to answer a
--- refused call (a retry of a final release: its hold, with its unique token, is gone); when it
--- frees the lock for good, the first write of the script is to `done` (fl_rw_forget).
-local f = fl_rw_read(hold, owner)
-local now = fl_now()
-local was_done
-local function retried()
-  if was_done == nil then
-    was_done = redis.call('ZSCORE', done, op) ~= false
-  end
-  return was_done
+-- The freed-by chain keeps up to eight op ids: the read holds of many owners end one after
+-- the other, and each final release's retry must still find its own.
+local CHAIN = 264
+
+local fields = fl_rw_read(hold)
+local now_us = fl_now_us()
+local now_ms = math.floor(now_us / 1000)
+local state = fl_rw_state(fields, now_ms, owner)
+local q = fields[7] or ''
+
+-- The bound and token of a busy reply, for a successor that queued.
+local function queued_reply()
+  return {2, math.max(fl_rw_last(state) - now_ms, 1), tonumber(state.token or fields[3])}
 end
--- A read hold's token is the shard's last token, which a later read hold of the same owner
--- may carry again: a read release asks `done` first.
-if side ~= 'write' and retried() then
+
+-- Frees what is left once the hold is gone: grants the queue its turn if it may have it, else
+-- writes the lock as it is, a tombstone when no hold is left.
+local function settle(freed_by, tail)
+  local granted, left = false, q .. (tail or '')
+  if q ~= '' and not state.writer then
+    granted, left = fl_rw_grant(hold, fields[3], q, state, now_us, freed_by, events, mode,
+      lock_id, tail, window)
+  end
+  if not granted then
+    redis.call('HSET', hold, 'x', freed_by, 'q', left, 's', fl_rw_readers(state))
+    if not state.writer then
+      -- r: a retried write release is answered by the chain x; a read release leaves it.
+      redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
+    end
+    fl_rw_keep(hold, state, now_ms, window)
+  end
+  return granted, left
+end
+
+if side ~= 'write' then
+  -- A read hold's token is the lock's f, which a later read hold of the same owner may carry
+  -- again: a retried final release is recognised by its op id first.
+  local mine = state.mine
+  if fl_chain_has(fields[6], op) then
+    return {1, 0}
+  end
+  if not mine then
+    return {0, 0}
+  end
+  if mine.token ~= token then
+    return {-1, 0}
+  end
+  if mine.op == op then
+    return {1, mine.count}
+  end
+  if all ~= '1' and mine.count > 1 then
+    mine.count, mine.op = mine.count - 1, op
+    redis.call('HSET', hold, 's', fl_rw_readers(state))
+    return {1, mine.count}
+  end
+  state.mine = nil
+  state.readers = state.readers - 1
+  settle(fl_freed_chain(op, fields[6], CHAIN))
   return {1, 0}
 end
 
--- Its own live write hold excludes other holds: unless the owner reads too, the readers ZSET
--- has nothing to say (its expired entries wait for the next purge).
-local purge
-if not (side == 'write' and f.w and tonumber(f.we) > now and not f.rc) then
-  purge = fl_rw_purge(hold, readers, f, owner, now)
-  if fl_rw_purging(purge) and retried() then
-    return {1, 0}
-  end
+if fields[5] == op then
+  return {1, tonumber(fields[2]) or 0}
 end
-local function begin_writes()
-  if purge then
-    fl_rw_apply(hold, readers, purge, now)
+if fl_chain_has(fields[6], op) then
+  if successor_waiter ~= '' and state.writer and fields[8] == successor_waiter then
+    return {1, 0, tonumber(fields[3]), fl_queued_flag(q)}
   end
+  if successor_queues ~= '' and fl_queue_find(q, successor_waiter) then
+    return queued_reply()
+  end
+  return {1, 0}
+end
+if not state.writer then
+  return {0, 0}
+end
+if state.writer ~= owner or fields[3] ~= token then
+  return {-1, 0}
+end
+local count = tonumber(fields[2])
+if all ~= '1' and count > 1 then
+  redis.call('HSET', hold, 'c', count - 1, 'r', op)
+  return {1, count - 1}
 end
 
-if f.op == op then
-  begin_writes()
-  local count = f.rc
-  if side == 'write' then
-    count = f.wc
-  end
-  return {1, tonumber(count or 0)}
+local freed_by = fl_freed_chain(op, fields[6], CHAIN)
+state.writer, state.ends = false, 0
+
+-- The successor takes the write hold over when nobody else is in line for it.
+local function hand_over()
+  local next_token = fl_token_after(tonumber(fields[3]), now_us)
+  state.writer, state.ends = successor, now_ms + successor_lease
+  redis.call('HSET', hold, 'o', successor, 'c', 1, 'f', next_token, 'l', successor_lease,
+    'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter, 'e', state.ends,
+    's', fl_rw_readers(state))
+  fl_rw_keep(hold, state, now_ms, window)
+  return {1, 0, tonumber(next_token), 0}
 end
 
--- What the release changes: the fields it deletes or sets, whether it frees the lock, and
--- what stays held (the write lease end, whether read holds stay).
-local left, freed, gone, set
-if side == 'write' then
-  if f.w ~= owner or f.wf ~= token then
-    if retried() then
-      return {1, 0}
-    end
-    begin_writes()
-    return {f.w == owner and -1 or 0, 0}
-  end
-  left = tonumber(f.wc) - 1
-  if all == '1' or left <= 0 then
-    left, freed = 0, true
-    gone = {'w', 'wc', 'wf', 'we'}
-    f.w, f.we = false, false
-  else
-    set = {'wc', left}
-  end
-else
-  if not f.rc then
-    begin_writes()
-    return {0, 0}
-  end
-  if f.rt ~= token then
-    begin_writes()
-    return {-1, 0}
-  end
-  left = tonumber(f.rc) - 1
-  if all == '1' or left <= 0 then
-    left = 0
-    gone = {'rc:' .. owner, 'rt:' .. owner}
-    f.rc = false
-    -- The owner's read hold was one of the live ones.
-    freed = fl_rw_count(readers, purge) == 1 and not f.w
-  else
-    set = {'rc:' .. owner, left}
-  end
+if successor == '' then
+  settle(freed_by)
+  return {1, 0}
 end
--- Does the owner keep a hold? Then its op field answers a retry; else `done` does.
-local keeps = f.w == owner or f.rc
-if keeps then
-  set = set or {}
-  set[#set + 1] = 'op:' .. owner
-  set[#set + 1] = op
-else
-  gone[#gone + 1] = 'op:' .. owner
+if q == '' and state.readers == 0 then
+  return hand_over()
 end
-local dead, plan = {}, false
-if freed then
-  dead, plan = fl_rw_next(queue, alive, now, 0, events, seq, mode)
+local tail
+if successor_queues ~= '' and not fl_queue_find(q, successor_waiter) then
+  local lasts = math.max(math.min(successor_lease, tonumber(successor_queues)), 0)
+  tail = fl_queue_line(successor_waiter, successor_inbox, successor, successor_lease, lasts, 0)
 end
--- Read holds left after it: none when the lock was freed, else (a count) ask the ZSET.
-local top = false
-if purge and (side == 'write' or not freed) then
-  top = purge.any
+local granted, left = settle(freed_by, tail)
+if not granted and state.readers == 0 and (left == '' or left == tail) then
+  -- Nobody in line could be granted it (their clients are gone): the successor takes it.
+  return hand_over()
 end
-
-if not keeps then
-  fl_rw_forget(done, op, now, tomb)
+if tail or fl_queue_find(left, successor_waiter) then
+  return queued_reply()
 end
-begin_writes()
-if gone then
-  redis.call('HDEL', hold, unpack(gone))
-end
-if set then
-  redis.call('HSET', hold, unpack(set))
-end
-if side ~= 'write' and gone then
-  redis.call('ZREM', readers, owner)
-end
-if f.w or top then
-  fl_rw_keep(hold, readers, now, tomb, f.we, top)
-end
-if freed then
-  fl_drop(queue, alive, #dead, dead)
-  if plan then
-    fl_rw_announce(plan, events, seq, mode, maxlen, lock_id)
-  end
-end
-return {1, left}
+return {1, 0}

@@ -1,20 +1,20 @@
 //! The only place that builds key, stream and channel names.
 //!
 //! A lock named `N` of kind `K` lives in shard `s = fnv1a(N) % shards`. Every key of the lock,
-//! and the shard's event stream (or channel) and event counter, start with the same hash tag
+//! and the shard's event stream (or channel), start with the same hash tag
 //! `{<prefix>:<s>}`, so every script touches a single cluster slot and can write the event in
 //! the same atomic step as the state change:
 //!
 //! ```text
 //! {fredlock:7}:mutex:orders          the lock's hash: hold, retry records, wait queue
-//!                                    (`lua/lib/hold.lua`; expires with the hold)
+//!                                    (`lua/lib/hold.lua`, `lua/lib/rw.lua` for `rw`; expires
+//!                                    with the last hold)
 //! {fredlock:7}:fence                 the shard's last fencing token and layout stamp (never
 //!                                    expires; every lock kind of the shard shares it)
 //! {fredlock:7}:events                the shard's event stream / channel (Redis Cluster)
-//! {fredlock:7}:seq                   the shard's event counter (gap detection)
-//! {fredlock:events}, {fredlock:events}:seq   the one stream and counter of a single Redis
-//! <events key>:to:<client tag>       one client's inbox: the fair grants for its waiters
-//! <events key>:to:<client tag>:seq   that inbox's event counter (gap detection)
+//! {fredlock:events}                  the one stream / channel of a single Redis
+//! <events key>:to:<client tag>       one client's inbox: the grants and wake-ups for its
+//!                                    waiters
 //! ```
 //!
 //! The role (`mutex`, `mutex.fence`, ...) always stands before the name, so no lock name can
@@ -45,7 +45,6 @@ struct ShardNames {
     tag: Arc<str>,
     fence: Arc<str>,
     events: Arc<str>,
-    seq: Arc<str>,
 }
 
 impl Keyspace {
@@ -66,7 +65,6 @@ impl Keyspace {
                     tag: keyspace.tag(shard).into(),
                     fence: keyspace.fence(shard).into(),
                     events: keyspace.events(events).into(),
-                    seq: keyspace.seq(events).into(),
                 }
             })
             .collect();
@@ -126,15 +124,6 @@ impl Keyspace {
         }
     }
 
-    /// The event counter of event stream `n`.
-    pub(crate) fn seq(&self, n: u16) -> String {
-        if self.sharded_events {
-            format!("{}:seq", self.tag(n))
-        } else {
-            format!("{{{}:events}}:seq", self.prefix)
-        }
-    }
-
     /// The inbox (stream or channel) beside event stream `n` of the client with this tag: the
     /// grants for that client's waiters go there alone (`fl_grant_next` in `lua/lib/hold.lua`
     /// builds the same name).
@@ -159,7 +148,6 @@ impl Keyspace {
             tag: names.tag.clone(),
             fence: names.fence.clone(),
             events: names.events.clone(),
-            seq: names.seq.clone(),
         })
     }
 }
@@ -189,7 +177,6 @@ pub(crate) struct LockKeys {
     tag: Arc<str>,
     fence: Arc<str>,
     events: Arc<str>,
-    seq: Arc<str>,
 }
 
 impl LockKeys {
@@ -227,10 +214,6 @@ impl LockKeys {
 
     pub(crate) fn events(&self) -> &str {
         &self.events
-    }
-
-    pub(crate) fn seq(&self) -> &str {
-        &self.seq
     }
 }
 

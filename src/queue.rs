@@ -1,17 +1,12 @@
 //! The client's heartbeat over its waiters queued in Redis.
 //!
 //! Instead of one timer per waiter, each client keeps a registry of its queued waiters and ONE
-//! heartbeat task that, every third of the waiter lease, handles all of them with one script
-//! call per hash slot and lock family:
-//!
-//! * read-write locks (`lua/queue_heartbeat.lua`): a queued waiter must prove it is alive, or a
-//!   crashed process would stall everyone behind it. The call refreshes the waiters' leases,
-//!   evicts dead waiters at the head of free locks and tells the new head, so a dead head
-//!   stalls its queue for at most one waiter lease;
-//! * exclusive locks (`lua/hold_heartbeat.lua`, read only): a release passes over waiters whose
-//!   client is gone, but a grant to a client that died unnoticed lapses after the waiter lease
-//!   and takes the lock's hash, queue included, with it. The call finds the waiters whose place
-//!   is gone.
+//! heartbeat task that, every third of the waiter lease, checks all of them with one read-only
+//! script call per hash slot and lock family (`lua/hold_heartbeat.lua` for the exclusive locks,
+//! `lua/rw_heartbeat.lua` for the read-write lock). A release passes over waiters whose client
+//! is gone, but a grant to a client that died unnoticed lapses after the waiter lease, and a
+//! lock's hash, queue included, expires with its last hold. The call finds the waiters whose
+//! place is gone.
 //!
 //! A waiter that the heartbeat finds gone from its queue is woken to try again; its next
 //! attempt re-joins the queue at the tail, or takes the lock.
@@ -30,7 +25,7 @@ use tokio::sync::watch;
 use crate::context::{BoxFuture, Context};
 use crate::error::Result;
 use crate::notify::{WaiterTable, WakeRule};
-use crate::scripts::{int_array, Key, ScriptKeys, SCRIPTS};
+use crate::scripts::{int_array, Script, ScriptKeys, SCRIPTS};
 
 /// A lock whose waiting attempts join a queue in Redis, which the waiter must leave when it
 /// gives up and which the heartbeat watches meanwhile.
@@ -104,14 +99,15 @@ async fn beat(ctx: &Arc<Context>, queued: &QueuedWaiters, waiters: &Arc<WaiterTa
     }
     let mut calls = tokio::task::JoinSet::new();
     for ((_, rw), locks) in shards {
+        let script = if rw {
+            &SCRIPTS.rw_heartbeat
+        } else {
+            &SCRIPTS.hold_heartbeat
+        };
         let locks: Vec<_> = locks.into_values().collect();
         for chunk in locks.chunks(MAX_LOCKS_PER_CALL) {
             let (ctx, waiters) = (ctx.clone(), waiters.clone());
-            if rw {
-                calls.spawn(beat_shard(ctx, waiters, chunk.to_vec()));
-            } else {
-                calls.spawn(check_places(ctx, waiters, chunk.to_vec()));
-            }
+            calls.spawn(check_places(ctx, waiters, chunk.to_vec(), script));
         }
     }
     while calls.join_next().await.is_some() {}
@@ -120,13 +116,17 @@ async fn beat(ctx: &Arc<Context>, queued: &QueuedWaiters, waiters: &Arc<WaiterTa
 /// The waiters of one lock in one heartbeat call.
 type LockWaiters = (Arc<dyn RedisQueue>, Vec<Arc<str>>);
 
-/// Finds which waiters of up to [`MAX_LOCKS_PER_CALL`] exclusive locks of one shard lost their
-/// place (`lua/hold_heartbeat.lua`), and wakes them.
-async fn check_places(ctx: Arc<Context>, waiter_table: Arc<WaiterTable>, locks: Vec<LockWaiters>) {
+/// Finds which waiters of up to [`MAX_LOCKS_PER_CALL`] locks of one family and shard lost their
+/// place (`script`: `lua/hold_heartbeat.lua` or `lua/rw_heartbeat.lua`), and wakes them.
+async fn check_places(
+    ctx: Arc<Context>,
+    waiter_table: Arc<WaiterTable>,
+    locks: Vec<LockWaiters>,
+    script: &'static Script,
+) {
     let Some((first_lock, _)) = locks.first() else {
         return;
     };
-    let script = &SCRIPTS.hold_heartbeat;
     let mut keys = Vec::with_capacity(locks.len());
     let mut args: Vec<Value> = Vec::new();
     for (lock, waiters) in &locks {
@@ -136,32 +136,6 @@ async fn check_places(ctx: Arc<Context>, waiter_table: Arc<WaiterTable>, locks: 
     }
     let reply = ctx
         .run(script, first_lock.queue_keys().lock().name(), keys, args)
-        .await
-        .and_then(|value| int_array(script.name(), value));
-    wake_the_displaced(&waiter_table, &locks, reply);
-}
-
-/// Refreshes the waiters of up to [`MAX_LOCKS_PER_CALL`] read-write locks of one shard.
-async fn beat_shard(ctx: Arc<Context>, waiter_table: Arc<WaiterTable>, locks: Vec<LockWaiters>) {
-    let Some((first_lock, _)) = locks.first() else {
-        return;
-    };
-    let first = first_lock.queue_keys();
-    let script = &SCRIPTS.queue_heartbeat;
-    let mut keys = Vec::new();
-    let mut args: Vec<Value> = vec![(ctx.config.waiter_lease.as_millis() as i64).into()];
-    args.extend(ctx.event_args_mode());
-    for (lock, waiters) in &locks {
-        let queue = lock.queue_keys();
-        keys.extend(queue.group(Key::Alive));
-        args.push(queue.kind().into());
-        args.push(queue.lock().id().as_ref().into());
-        args.push((waiters.len() as i64).into());
-        args.extend(waiters.iter().map(|w| Value::from(w.as_ref())));
-    }
-    keys.extend(first.shard_events());
-    let reply = ctx
-        .run(script, first.lock().name(), keys, args)
         .await
         .and_then(|value| int_array(script.name(), value));
     wake_the_displaced(&waiter_table, &locks, reply);

@@ -153,7 +153,6 @@ fn is_identifier(c: char) -> bool {
 const CHECK: &str = include_str!("../lua/lib/check.lua");
 const NOTIFY: &str = include_str!("../lua/lib/notify.lua");
 const HOLD: &str = include_str!("../lua/lib/hold.lua");
-const QUEUE: &str = include_str!("../lua/lib/queue.lua");
 const RW: &str = include_str!("../lua/lib/rw.lua");
 const FENCE: &str = include_str!("../lua/lib/fence.lua");
 
@@ -180,7 +179,6 @@ macro_rules! scripts {
             ("check", CHECK),
             ("notify", NOTIFY),
             ("hold", HOLD),
-            ("queue", QUEUE),
             ("rw", RW),
             ("fence", FENCE),
         ];
@@ -201,13 +199,13 @@ scripts! {
     hold_force_unlock: [FENCE, NOTIFY, HOLD],
     hold_heartbeat: [FENCE, NOTIFY, HOLD],
     inbox_keep: [],
-    queue_leave: [QUEUE, NOTIFY, RW],
-    queue_heartbeat: [QUEUE, NOTIFY, RW],
-    rw_acquire: [FENCE, QUEUE, NOTIFY, RW],
-    rw_release: [QUEUE, NOTIFY, RW],
-    rw_renew: [QUEUE, NOTIFY, RW],
-    rw_inspect: [QUEUE],
-    rw_force_unlock: [QUEUE, NOTIFY, RW],
+    rw_acquire: [FENCE, NOTIFY, HOLD, RW],
+    rw_release: [FENCE, NOTIFY, HOLD, RW],
+    rw_leave: [FENCE, NOTIFY, HOLD, RW],
+    rw_heartbeat: [FENCE, NOTIFY, HOLD, RW],
+    rw_renew: [FENCE, NOTIFY, HOLD, RW],
+    rw_inspect: [FENCE, NOTIFY, HOLD, RW],
+    rw_force_unlock: [FENCE, NOTIFY, HOLD, RW],
     hold_renew: [],
     hold_inspect: [],
 }
@@ -217,57 +215,36 @@ scripts! {
 /// position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Key {
-    /// The hold hash (the read-write lock's hash).
+    /// The lock's hash.
     Hold = 1,
-    /// The kind's own key: the read-write lock's readers (the exclusive locks pass it unused,
-    /// to keep the order).
-    Own = 2,
+    /// A key of the lock that no script touches, passed so that every later role keeps its
+    /// position (`lua/README.md`).
+    Marker = 2,
     /// The shard's fence key.
     Fence = 3,
-    /// The shard's event stream or channel.
+    /// The shard's event stream or channel, the base name of the clients' inboxes.
     Events = 4,
-    /// The shard's event counter.
-    Seq = 5,
-    /// The wait queue (fair and read-write locks).
-    Queue = 6,
-    /// The waiter leases of the queue.
-    Alive = 7,
-    /// The read-write lock's final releases.
-    Done = 8,
 }
 
 impl Key {
     /// Every role, in the canonical order.
-    const ALL: [Key; 8] = [
-        Key::Hold,
-        Key::Own,
-        Key::Fence,
-        Key::Events,
-        Key::Seq,
-        Key::Queue,
-        Key::Alive,
-        Key::Done,
-    ];
-
-    /// The shard's keys (shared by every lock of the shard), as opposed to the lock's own.
-    fn of_shard(self) -> bool {
-        matches!(self, Key::Fence | Key::Events | Key::Seq)
-    }
+    const ALL: [Key; 4] = [Key::Hold, Key::Marker, Key::Fence, Key::Events];
 }
+
+/// The name of the [`Key::Marker`] key of a lock (never created: no script touches it).
+const MARKER: &str = "wait";
 
 /// The KEYS of one lock's scripts, in the canonical order: the one place that orders them.
 /// Key names are built per call (a lock handle stays small; a call allocates its keys anyway).
 #[derive(Clone, Copy)]
 pub(crate) struct ScriptKeys<'a> {
     lock: &'a LockKeys,
-    own: &'static str,
 }
 
 impl<'a> ScriptKeys<'a> {
-    /// The keys of `lock`, whose own key ([`Key::Own`]) has the role `own` (`"readers"`; the
-    /// exclusive locks pass `"wait"`, unused).
-    pub(crate) fn new(lock: &'a LockKeys, own: &'static str) -> Self {
-        ScriptKeys { lock, own }
+    /// The keys of `lock`.
+    pub(crate) fn new(lock: &'a LockKeys) -> Self {
+        ScriptKeys { lock }
     }
 
     /// The lock these keys are of.
@@ -275,21 +252,12 @@ impl<'a> ScriptKeys<'a> {
         self.lock
     }
 
-    /// The lock's kind, as the queue scripts take it (`"fair"` or `"rw"`).
-    pub(crate) fn kind(&self) -> &'static str {
-        self.lock.kind()
-    }
-
     fn key(&self, role: Key) -> String {
         match role {
             Key::Hold => self.lock.key(""),
-            Key::Own => self.lock.key(self.own),
+            Key::Marker => self.lock.key(MARKER),
             Key::Fence => self.lock.fence().to_owned(),
             Key::Events => self.lock.events().to_owned(),
-            Key::Seq => self.lock.seq().to_owned(),
-            Key::Queue => self.lock.key("queue"),
-            Key::Alive => self.lock.key("alive"),
-            Key::Done => self.lock.key("done"),
         }
     }
 
@@ -299,20 +267,6 @@ impl<'a> ScriptKeys<'a> {
             .iter()
             .map(|&role| self.key(role))
             .collect()
-    }
-
-    /// This lock's group in a batch script: its own keys through `last`, without the shard's.
-    pub(crate) fn group(&self, last: Key) -> Vec<String> {
-        Key::ALL[..last as usize]
-            .iter()
-            .filter(|role| !role.of_shard())
-            .map(|&role| self.key(role))
-            .collect()
-    }
-
-    /// The shard's event keys (events, seq), which a batch script takes once after the groups.
-    pub(crate) fn shard_events(&self) -> [String; 2] {
-        [self.key(Key::Events), self.key(Key::Seq)]
     }
 }
 
@@ -431,7 +385,7 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library = ["check", "notify", "hold", "queue", "rw", "fence"].contains(file);
+            let library = ["check", "notify", "hold", "rw", "fence"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");
@@ -479,14 +433,9 @@ mod tests {
     /// Position of each KEYS role name a header may use (`lua/README.md`).
     const KEY_NAMES: &[(&str, Key)] = &[
         ("hold", Key::Hold),
-        ("marker", Key::Own),
-        ("readers", Key::Own),
+        ("marker", Key::Marker),
         ("fence", Key::Fence),
         ("events", Key::Events),
-        ("seq", Key::Seq),
-        ("queue", Key::Queue),
-        ("alive", Key::Alive),
-        ("done", Key::Done),
     ];
 
     /// Position of each shared ARGV role (`lua/README.md`); other names are a script's own.
@@ -535,7 +484,7 @@ mod tests {
     /// ARGV layout); their fixed KEYS entries are checked all the same.
     #[test]
     fn every_script_header_follows_the_canonical_order() {
-        let libraries = ["check", "notify", "hold", "queue", "rw", "fence"];
+        let libraries = ["check", "notify", "hold", "rw", "fence"];
         for (file, source) in SOURCES {
             if libraries.contains(file) {
                 continue;

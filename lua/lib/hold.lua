@@ -46,7 +46,8 @@
 -- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g, t}, with o = false when
 --                                      free (HMGET: a typed read, so a foreign value under the
 --                                      hold key fails with WRONGTYPE before any write)
--- fl_freed_chain(op, older)         -> op followed by the ids of older, within 64 bytes
+-- fl_freed_chain(op, older, limit)  -> op followed by the ids of older, within limit bytes
+--                                      (default 64)
 -- fl_find_word(text, word, before, after) -> start and end of the first occurrence of word
 --                                      that starts the text or follows byte `before`, and
 --                                      ends it or precedes byte `after`; nil when none
@@ -89,18 +90,19 @@ local function fl_hold_read(hold)
   return v
 end
 
-local function fl_freed_chain(op, older)
+local function fl_freed_chain(op, older, limit)
+  limit = limit or 64
   if not older or older == '' then
     return op
   end
   local chain = op .. ',' .. older
-  if #chain <= 64 then
+  if #chain <= limit then
     return chain
   end
   local cut = string.find(chain, ',', 1, true)
   while true do
     local next_cut = string.find(chain, ',', cut + 1, true)
-    if not next_cut or next_cut > 65 then
+    if not next_cut or next_cut > limit + 1 then
       return string.sub(chain, 1, cut - 1)
     end
     cut = next_cut

@@ -130,12 +130,10 @@ async fn acquire_loop(
             lease: lease.initial(),
             joins_queue: false,
         });
-        driver.engine().waiters.register(
-            driver.keys().id(),
-            driver.wait_kind(),
-            Some(waiter.clone()),
-            bid,
-        )
+        driver
+            .engine()
+            .waiters
+            .register(driver.keys().id(), Some(waiter.clone()), bid)
     });
     let _unused = UnusedHandOver {
         registration: registration.as_ref(),

@@ -36,7 +36,7 @@ use tokio::task::JoinHandle;
 use crate::context::{BoxFuture, Context};
 use crate::error::{NotHeldReason, Result};
 use crate::lease::{run_watchdog, Hold, HoldKind, HoldRegistry, LostCause};
-use crate::notify::{hang_up, Bid, WaitKind, WaiterTable};
+use crate::notify::{hang_up, Bid, WaiterTable};
 use crate::owner::{op_id, Owner};
 use crate::queue::{run_heartbeat, QueuedWaiters, RedisQueue};
 use crate::watch::run_watch;
@@ -97,8 +97,6 @@ pub(crate) enum Successor {
 pub(crate) trait Driver: HoldKind {
     /// The engine the lock belongs to (its client's shared state).
     fn engine(&self) -> &Arc<Engine>;
-    /// Exclusive or shared, for the local wake rules.
-    fn wait_kind(&self) -> WaitKind;
     /// A new waiter id for one acquisition (unique; never contains `,`, `|`, a space or a
     /// newline). The read-write lock's tell readers from writers, and name the client's inbox.
     fn waiter_id(&self) -> Arc<str> {

@@ -232,28 +232,22 @@ pub(crate) async fn force_unlock_with(
     flag_reply(script, &reply)
 }
 
-/// Leaves the Redis wait queue of a fair or read-write lock (`lua/queue_leave.lua`), handing
-/// the turn on if the waiter was head.
+/// Leaves the Redis wait queue of a lock (`script`: `lua/hold_leave.lua` or
+/// `lua/rw_leave.lua`): the waiter's line goes, and a hold a release granted it meanwhile is
+/// released, which may grant the lock to the next in line.
 pub(crate) fn leave_queue(
     engine: Arc<Engine>,
     keys: LockKeys,
-    own: &'static str,
+    script: &'static Script,
     waiter: Arc<str>,
 ) -> BoxFuture<'static, Result<()>> {
     Box::pin(async move {
-        let script_keys = ScriptKeys::new(&keys, own);
+        let window_ms = engine.ctx.tombstone_ttl().as_millis() as i64;
         let args = ScriptArgs::leave(&waiter)
-            .events(engine.ctx.event_args(&keys))
-            .kind(script_keys.kind());
-        let script = &SCRIPTS.queue_leave;
-        let reply = run_ints(
-            &engine.ctx,
-            script,
-            keys.name(),
-            script_keys.through(Key::Alive),
-            args.into_vec(),
-        )
-        .await?;
+            .window(window_ms)
+            .events(engine.ctx.event_args(&keys));
+        let script_keys = ScriptKeys::new(&keys).through(Key::Events);
+        let reply = run_call(&engine.ctx, &keys, script, script_keys, args).await?;
         let left = flag_reply(script, &reply)?;
         tracing::debug!(lock = keys.name(), left, "left the wait queue");
         Ok(())

@@ -14,10 +14,10 @@ use crate::keys::LockKeys;
 use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
-    acquire_reply, flag_reply, force_unlock_with, inspect, release_call, release_with, run_call,
+    acquire_reply, force_unlock_with, inspect, leave_queue, release_call, release_with, run_call,
     Acquirer, LockState,
 };
-use crate::notify::{Bid, WaitKind, WakeRule};
+use crate::notify::{Bid, WakeRule};
 use crate::owner::Owner;
 use crate::queue::RedisQueue;
 use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
@@ -292,12 +292,9 @@ pub(crate) struct ExclusiveDriver {
     granted: bool,
 }
 
-/// The `KEYS[2]` of the `hold_*` scripts (unused by them: the canonical order keeps its place).
-const OWN: &str = "wait";
-
 impl ExclusiveDriver {
     fn script_keys(&self) -> ScriptKeys<'_> {
-        ScriptKeys::new(&self.keys, OWN)
+        ScriptKeys::new(&self.keys)
     }
 
     /// The hand-over bound the release script applies (`ARGV[12]` of `lua/hold_release.lua`):
@@ -370,10 +367,6 @@ impl HoldKind for ExclusiveDriver {
 impl Driver for ExclusiveDriver {
     fn engine(&self) -> &Arc<Engine> {
         &self.engine
-    }
-
-    fn wait_kind(&self) -> WaitKind {
-        WaitKind::Exclusive
     }
 
     fn try_acquire(
@@ -474,17 +467,6 @@ impl RedisQueue for ExclusiveDriver {
 
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {
         let (engine, keys) = (self.engine.clone(), self.keys.clone());
-        let window_ms = self.window_ms();
-        Box::pin(async move {
-            let args = ScriptArgs::leave(&waiter)
-                .window(window_ms)
-                .events(engine.ctx.event_args(&keys));
-            let script = &SCRIPTS.hold_leave;
-            let script_keys = ScriptKeys::new(&keys, OWN).through(Key::Events);
-            let reply = run_call(&engine.ctx, &keys, script, script_keys, args).await?;
-            let left = flag_reply(script, &reply)?;
-            tracing::debug!(lock = keys.name(), left, "left the wait queue");
-            Ok(())
-        })
+        leave_queue(engine, keys, &SCRIPTS.hold_leave, waiter)
     }
 }

@@ -152,12 +152,9 @@ impl Redlock {
             self.instances
                 .iter()
                 .map(|d| {
-                    d.engine().waiters.register(
-                        d.keys().id(),
-                        d.wait_kind(),
-                        Some(waiter.clone()),
-                        None,
-                    )
+                    d.engine()
+                        .waiters
+                        .register(d.keys().id(), Some(waiter.clone()), None)
                 })
                 .collect()
         } else {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::context::BoxFuture;
-use crate::engine::{Attempt, Driver, Engine, Released};
+use crate::engine::{Attempt, Driver, Engine, HandOver, Released};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lease::{HoldKind, Lease};
@@ -20,7 +20,7 @@ use crate::lock::{
     acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call, run_ints,
     Acquirer,
 };
-use crate::notify::WaitKind;
+use crate::notify::{Bid, WakeRule};
 use crate::owner::{op_id, Owner};
 use crate::queue::RedisQueue;
 use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
@@ -208,10 +208,8 @@ impl Mode {
     }
 }
 
-/// The read-write lock's own key (`KEYS[2]` of its scripts): the readers.
-const OWN: &str = "readers";
-
-/// One side (read or write) of a read-write lock.
+/// One side (read or write) of a read-write lock: both run the `rw_*` scripts over the lock's
+/// one hash (`lua/lib/rw.lua`).
 pub(crate) struct RwDriver {
     engine: Arc<Engine>,
     keys: LockKeys,
@@ -223,20 +221,63 @@ impl RwDriver {
         RwDriver { keys, engine, mode }
     }
 
-    fn script_keys(&self) -> ScriptKeys<'_> {
-        ScriptKeys::new(&self.keys, OWN)
+    /// `KEYS[1..=4]` of the `rw_*` scripts that change the lock.
+    fn script_keys(&self) -> Vec<String> {
+        ScriptKeys::new(&self.keys).through(Key::Events)
     }
 
     fn retry_window_ms(&self) -> i64 {
         self.engine.ctx.tombstone_ttl().as_millis() as i64
     }
 
-    /// Removes every read and write hold and wakes the waiters; true if a hold was removed.
+    /// Removes every read and write hold and grants the lock to the queue; true if a hold was
+    /// removed.
     async fn force_unlock(&self) -> Result<bool> {
-        let keys = self.script_keys().through(Key::Alive);
-        let args = ScriptArgs::no_call().events(self.engine.ctx.event_args(&self.keys));
+        let ctx = &self.engine.ctx;
+        let args = ScriptArgs::no_call()
+            .window(self.retry_window_ms())
+            .events(ctx.event_args(&self.keys));
         let script = &SCRIPTS.rw_force_unlock;
-        force_unlock_with(&self.engine.ctx, &self.keys, script, keys, args).await
+        let removed = force_unlock_with(ctx, &self.keys, script, self.script_keys(), args).await?;
+        // Tasks of this client that wait on a hold of this client hear of it from here.
+        self.engine.waiters.dispatch(self.keys.id(), &WakeRule::All);
+        Ok(removed)
+    }
+
+    /// `lua/rw_release.lua`, naming `successor` (a write side's take-over) if any.
+    async fn release_script(
+        &self,
+        owner: &Owner,
+        token: u64,
+        op: &str,
+        all: bool,
+        successor: Option<(&str, &Bid)>,
+    ) -> Result<Released> {
+        let ctx = &self.engine.ctx;
+        let successor: [Value; 6] = match successor {
+            Some((waiter, bid)) => [
+                bid.owner.id().into(),
+                waiter.into(),
+                (bid.lease.as_millis() as i64).into(),
+                0.into(),
+                ctx.inbox_tag.as_ref().into(),
+                (ctx.config.waiter_lease.as_millis() as i64).into(),
+            ],
+            None => [
+                "".into(),
+                "".into(),
+                0.into(),
+                0.into(),
+                "".into(),
+                "".into(),
+            ],
+        };
+        let args = release_call(ctx, owner, token, op, all)
+            .events(ctx.event_args(&self.keys))
+            .kind(self.mode.as_str())
+            .extra(successor);
+        let script = &SCRIPTS.rw_release;
+        release_with(ctx, &self.keys, script, self.script_keys(), args).await
     }
 }
 
@@ -253,10 +294,6 @@ impl HoldKind for RwDriver {
         &SCRIPTS.rw_renew
     }
 
-    fn renew_keys(&self) -> Vec<String> {
-        self.script_keys().group(Key::Own)
-    }
-
     fn renew_args(&self, owner: &Owner, token: u64) -> Vec<Value> {
         vec![
             self.mode.as_str().into(),
@@ -271,15 +308,8 @@ impl Driver for RwDriver {
         &self.engine
     }
 
-    fn wait_kind(&self) -> WaitKind {
-        match self.mode {
-            Mode::Read => WaitKind::Shared,
-            Mode::Write => WaitKind::Exclusive,
-        }
-    }
-
-    /// `r` or `w`, the inbox tag of the client, `.`, an op id: a release that lets this
-    /// waiter in sends its event to that inbox alone (`fl_rw_announce` in `lua/lib/rw.lua`).
+    /// `r` or `w`, the inbox tag of the client, `.`, an op id: the queue tells readers from
+    /// writers by the first letter (`lua/lib/rw.lua`).
     fn waiter_id(&self) -> Arc<str> {
         let side = match self.mode {
             Mode::Read => 'r',
@@ -298,25 +328,23 @@ impl Driver for RwDriver {
     ) -> BoxFuture<'static, Result<Attempt>> {
         Box::pin(async move {
             let ctx = &self.engine.ctx;
-            let waiter_lease = if waiting {
-                ctx.config.waiter_lease.as_millis() as i64
+            let (waiter, waiter_lease) = if waiting {
+                (waiter.as_ref(), ctx.config.waiter_lease.as_millis() as i64)
             } else {
-                0
+                ("", 0)
             };
-            // The event arguments are unused by rw_acquire; they keep the side at ARGV[9].
             let args = ScriptArgs::acquire(
                 owner.id(),
                 lease.as_millis() as i64,
                 &op,
-                &waiter,
+                waiter,
                 waiter_lease,
             )
             .events(ctx.event_args(&self.keys))
             .kind(self.mode.as_str())
-            .extra([self.retry_window_ms().into()]);
-            let keys = self.script_keys().through(Key::Alive);
+            .extra([ctx.inbox_tag.as_ref().into(), self.retry_window_ms().into()]);
             let script = &SCRIPTS.rw_acquire;
-            let reply = run_call(ctx, &self.keys, script, keys, args).await?;
+            let reply = run_call(ctx, &self.keys, script, self.script_keys(), args).await?;
             if reply.first() == Some(&-2) {
                 return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
             }
@@ -331,18 +359,14 @@ impl Driver for RwDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        let ctx = &self.engine.ctx;
-        let args = release_call(ctx, owner, token, op, all)
-            .events(ctx.event_args(&self.keys))
-            .kind(self.mode.as_str());
-        let keys = self.script_keys().through(Key::Done);
-        Box::pin(release_with(
-            ctx,
-            &self.keys,
-            &SCRIPTS.rw_release,
-            keys,
-            args,
-        ))
+        Box::pin(self.release_script(owner, token, op, all, None))
+    }
+
+    /// The write side takes deferred releases over: one call grants the lock to the queue (or
+    /// hands it over when nobody waits) and queues the acquisition, where a release and a busy
+    /// attempt would take two. The lock is fair, so it never hands over past a waiter.
+    fn take_over(&self) -> Option<&dyn HandOver> {
+        (self.mode == Mode::Write).then_some(self as &dyn HandOver)
     }
 
     fn redis_queue(self: Arc<Self>) -> Option<Arc<dyn RedisQueue>> {
@@ -350,12 +374,25 @@ impl Driver for RwDriver {
     }
 }
 
+impl HandOver for RwDriver {
+    fn release_to<'a>(
+        &'a self,
+        owner: &'a Owner,
+        token: u64,
+        op: &'a str,
+        successor: Option<(&'a str, &'a Bid)>,
+    ) -> BoxFuture<'a, Result<Released>> {
+        Box::pin(self.release_script(owner, token, op, false, successor))
+    }
+}
+
 impl RedisQueue for RwDriver {
     fn queue_keys(&self) -> ScriptKeys<'_> {
-        self.script_keys()
+        ScriptKeys::new(&self.keys)
     }
 
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {
-        leave_queue(self.engine.clone(), self.keys.clone(), OWN, waiter)
+        let (engine, keys) = (self.engine.clone(), self.keys.clone());
+        leave_queue(engine, keys, &SCRIPTS.rw_leave, waiter)
     }
 }

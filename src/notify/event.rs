@@ -6,17 +6,18 @@
 //! the waiter ids in a target never contain `|` or [`ID_SEPARATOR`].
 //!
 //! Reading errs on the side of waking: a rule this version does not know becomes
-//! [`WakeRule::All`], a `chain` target without ids wakes every local reader, a `grant` whose
-//! numbers do not parse still wakes its waiter (which then asks Redis), and a payload that does
+//! [`WakeRule::All`], a `grant` or `grants` whose numbers do not parse still wakes its waiters
+//! (which then ask Redis, and are answered that the hold is theirs), and a payload that does
 //! not parse at all makes the reader wake every local waiter. A waiter woken for nothing costs
 //! one attempt; a waiter left asleep costs up to a lease.
 
-/// Joins the waiter ids in the target of a `chain` event. Waiter ids are a role letter and a
-/// hex op id (`Driver::waiter_id`), so they never contain it (nor the pub/sub separator `|`).
+/// Separates the parts of a `grant` or `grants` target. Waiter ids are hex op ids, or a role
+/// letter, an inbox tag, `.` and a hex op id (`Driver::waiter_id`), so they never contain it
+/// (nor the pub/sub separator `|`, nor [`GRANT_MS`]).
 pub(crate) const ID_SEPARATOR: char = ',';
 
-/// The target of a `chain` event that wakes every local reader of the lock.
-pub(crate) const EVERY_READER: &str = "*";
+/// Joins a waiter id and its grant ms in a `grants` target.
+const GRANT_MS: char = ':';
 
 /// One release event as read from a stream entry or a channel message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,8 +51,10 @@ pub(crate) enum WakeRule {
     /// Exclusive locks: a release granted the lock to this queued waiter (wire name `grant`,
     /// target `id,token,lasts_ms`); only it wakes, and it need not run a script.
     Grant(String, Granted),
-    /// Read-write lock: the readers Redis admits now (wire name `chain`).
-    Chain(Admitted),
+    /// Read-write lock: a release granted read holds to these queued readers of one client
+    /// (wire name `grants`, target `token,queued,id:lasts_ms,id:lasts_ms…`); only they wake. A
+    /// reader whose numbers do not parse is only woken (None).
+    Grants(Vec<(String, Option<Granted>)>),
     All,
 }
 
@@ -60,8 +63,8 @@ impl WakeRule {
         match rule {
             "one" => WakeRule::One,
             "name" => WakeRule::Named(target.to_owned()),
-            "chain" => WakeRule::Chain(Admitted::parse(target)),
             "grant" => Self::parse_grant(target),
+            "grants" => Self::parse_grants(target),
             _ => WakeRule::All,
         }
     }
@@ -87,41 +90,31 @@ impl WakeRule {
             _ => WakeRule::Named(id),
         }
     }
-}
 
-/// The readers a `chain` event lets in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Admitted {
-    /// These waiter ids: every live reader from the head of the Redis queue up to the first
-    /// live writer.
-    Listed(Vec<String>),
-    /// Every local reader (`Shared` waiter) of the lock: more readers were admitted than one
-    /// event names, or the event named none.
-    Every,
-}
-
-impl Admitted {
-    /// Reads a `chain` target: ids joined by [`ID_SEPARATOR`], or [`EVERY_READER`]. A target
-    /// without any id (an event of an older version) is read as [`Admitted::Every`], which
-    /// wakes a superset of the admitted readers.
-    fn parse(target: &str) -> Admitted {
-        if target == EVERY_READER {
-            return Admitted::Every;
-        }
-        let ids: Vec<String> = target
-            .split(ID_SEPARATOR)
-            .filter(|id| !id.is_empty())
-            .map(str::to_owned)
+    /// A `grants` target: the token and queued flag, then `id:lasts_ms` per reader.
+    fn parse_grants(target: &str) -> WakeRule {
+        let mut parts = target.split(ID_SEPARATOR);
+        let token = parts.next().and_then(|part| part.parse::<u64>().ok());
+        let queued = parts.next() == Some("1");
+        let readers = parts
+            .filter(|part| !part.is_empty())
+            .map(|part| {
+                let (id, lasts) = part.split_once(GRANT_MS).unwrap_or((part, ""));
+                let granted = token
+                    .zip(lasts.parse::<u64>().ok())
+                    .map(|(token, lasts_ms)| Granted {
+                        token,
+                        lasts_ms,
+                        queued,
+                    });
+                (id.to_owned(), granted)
+            })
             .collect();
-        if ids.is_empty() {
-            Admitted::Every
-        } else {
-            Admitted::Listed(ids)
-        }
+        WakeRule::Grants(readers)
     }
 }
 
-/// A hold that a release granted to a queued waiter (`lua/lib/hold.lua`).
+/// A hold that a release granted to a queued waiter (`lua/lib/hold.lua`, `lua/lib/rw.lua`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Granted {
     /// The fencing token of the granted hold.
@@ -136,27 +129,28 @@ pub(crate) struct Granted {
 mod tests {
     use super::*;
 
-    fn listed(ids: &[&str]) -> WakeRule {
-        WakeRule::Chain(Admitted::Listed(
-            ids.iter().map(|id| (*id).to_owned()).collect(),
-        ))
-    }
-
     #[test]
-    fn chain_targets_parse_to_ids_or_every_reader() {
-        let event = Event::from_payload("3|chain|rab,rcd|rw:x|y").unwrap();
+    fn grants_carry_one_token_and_each_readers_time() {
+        let event = Event::from_payload("0|grants|1795511510591024,1,rab.1:3000,rab.2:2500|rw:x|y")
+            .unwrap();
         assert_eq!(event.lock_id, "rw:x|y");
-        assert_eq!(event.rule, listed(&["rab", "rcd"]));
+        let granted = |lasts_ms| Granted {
+            token: 1_795_511_510_591_024,
+            lasts_ms,
+            queued: true,
+        };
         assert_eq!(
-            WakeRule::parse("chain", EVERY_READER),
-            WakeRule::Chain(Admitted::Every)
+            event.rule,
+            WakeRule::Grants(vec![
+                ("rab.1".into(), Some(granted(3000))),
+                ("rab.2".into(), Some(granted(2500))),
+            ])
         );
         assert_eq!(
-            WakeRule::parse("chain", ""),
-            WakeRule::Chain(Admitted::Every),
-            "an event without ids wakes every reader"
+            WakeRule::parse("grants", "x,0,r1:3000,r2"),
+            WakeRule::Grants(vec![("r1".into(), None), ("r2".into(), None)]),
+            "readers whose grant does not parse are still woken"
         );
-        assert_eq!(WakeRule::parse("chain", "r1,"), listed(&["r1"]));
     }
 
     #[test]
@@ -165,7 +159,7 @@ mod tests {
             let waiter = format!("{prefix}{}", crate::owner::op_id());
             assert!(!waiter.contains(ID_SEPARATOR), "{waiter}");
             assert!(!waiter.contains('|'), "{waiter}");
-            assert_ne!(waiter, EVERY_READER);
+            assert!(!waiter.contains(GRANT_MS), "{waiter}");
         }
     }
 

@@ -239,7 +239,6 @@ impl Registration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::WaitKind;
     use crate::owner::Owner;
 
     fn bidder(table: &Arc<WaiterTable>, owner: &Owner) -> Registration {
@@ -248,12 +247,7 @@ mod tests {
             lease: Duration::from_secs(1),
             joins_queue: false,
         };
-        table.register(
-            &"mutex:a".into(),
-            WaitKind::Exclusive,
-            Some("w1".into()),
-            Some(bid),
-        )
+        table.register(&"mutex:a".into(), Some("w1".into()), Some(bid))
     }
 
     fn handed() -> HandedOver {

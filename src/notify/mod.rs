@@ -44,7 +44,7 @@ use std::time::Duration;
 // What the rest of the crate uses, so that it need not know how this module is split.
 pub(crate) use event::{Granted, WakeRule};
 pub(crate) use handover::{Bid, Claim, HandedOver};
-pub(crate) use waiters::{Registration, WaitKind, WaiterTable};
+pub(crate) use waiters::{Registration, WaiterTable};
 
 use sequence::Source;
 

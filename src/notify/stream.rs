@@ -252,7 +252,7 @@ fn entry(value: Value) -> Option<Entry> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::notify::event::{Admitted, WakeRule};
+    use crate::notify::event::{Granted, WakeRule};
 
     fn fields(pairs: &[&str]) -> Value {
         Value::Array(pairs.iter().map(|s| Value::from(*s)).collect())
@@ -260,21 +260,20 @@ mod tests {
 
     #[test]
     fn entries_carry_the_event_string() {
-        let chain = Value::Array(vec![
+        let grant = Value::Array(vec![
             Value::from("7-0"),
-            fields(&["e", "5|chain|r1,r2|rw:a"]),
+            fields(&["e", "5|grant|w1,9,3000,0|mutex:a"]),
         ]);
-        let (id, event) = entry(chain).expect("entry");
+        let (id, event) = entry(grant).expect("entry");
         assert_eq!(id, "7-0");
         let event = event.expect("event");
-        assert_eq!((event.seq, event.lock_id.as_str()), (5, "rw:a"));
-        assert_eq!(
-            event.rule,
-            WakeRule::Chain(Admitted::Listed(vec!["r1".into(), "r2".into()]))
-        );
-        let every = Value::Array(vec![Value::from("8-0"), fields(&["e", "6|chain|*|rw:a"])]);
-        let (_, event) = entry(every).expect("entry");
-        assert_eq!(event.expect("event").rule, WakeRule::Chain(Admitted::Every));
+        assert_eq!((event.seq, event.lock_id.as_str()), (5, "mutex:a"));
+        let granted = Granted {
+            token: 9,
+            lasts_ms: 3000,
+            queued: false,
+        };
+        assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
         for broken in [
             fields(&["e", "x|one||mutex:a"]),
             fields(&["s", "5", "l", "mutex:a", "r", "one", "t", ""]),

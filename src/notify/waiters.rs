@@ -18,20 +18,15 @@
 //! * `grant`: only the waiter with that id, which a release of an exclusive lock already made
 //!   the owner; the event's token and grant time travel with the wakeup ([`Granted`]), so the
 //!   waiter returns without asking Redis (`lua/lib/hold.lua`);
-//! * `name`: only the waiter with that id (a writer at the head of a read-write lock's queue);
-//! * `chain` (read-write lock, [`WakeRule::Chain`]): the readers that Redis admits now. The
-//!   script that frees the lock (`fl_rw_announce` in `lua/lib/rw.lua`) finds a reader at the
-//!   head of the Redis queue and lists the live readers from there up to the first live writer
-//!   (the readers `rw_acquire.lua` admits right now); its event carries their waiter ids joined
-//!   by [`ID_SEPARATOR`](super::event::ID_SEPARATOR), and each process wakes exactly its local
-//!   waiters with those ids. The local queue order plays no part: it is registration order,
-//!   which can differ from the order in which the attempts reached Redis. When there are more
-//!   such readers than one event names (32), the target is
-//!   [`EVERY_READER`](super::event::EVERY_READER) and each process wakes all of its readers of
-//!   that lock (those behind a writer try, fail and wait again);
+//! * `grants` (read-write lock, [`WakeRule::Grants`]): the readers at the head of the lock's
+//!   queue, which a release granted read holds together (`fl_rw_grant` in `lua/lib/rw.lua`):
+//!   one event per client, naming its granted readers with their token and grant time, so
+//!   each process wakes exactly those waiters, whatever the order of its local queue;
+//! * `name`: only the waiter with that id (a Redlock waiter, or a reader of a read-write lock
+//!   whose owner holds a read hold already: it re-enters by its own call);
 //! * `all`: everybody (after a reconnect, lag or gap).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,37 +34,23 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tokio::sync::Notify;
 
-use super::event::{Admitted, Granted, WakeRule};
+use super::event::{Granted, WakeRule};
 use super::handover::{Bid, Handover};
-
-/// What a waiter waits for; used by the `chain` rule when it wakes every local reader.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WaitKind {
-    /// Needs the lock alone (mutex, write).
-    Exclusive,
-    /// Can share the lock with others of its kind (read).
-    Shared,
-}
 
 /// Not woken since its last wait.
 const IDLE: u8 = 0;
-/// Woken together with every other waiter that may go (a `chain` event): if it leaves without
-/// trying, it wakes nobody in its place.
-const WOKEN_WITH_OTHERS: u8 = 1;
 /// Woken in its own right: if it leaves without trying, the next local waiter is woken.
 pub(super) const WOKEN: u8 = 2;
 
 /// One waiting acquisition.
 pub(crate) struct Waiter {
     id: u64,
-    kind: WaitKind,
-    /// The id by which a `name` or `chain` event designates this waiter, if any.
+    /// The id by which a `name`, `grant` or `grants` event designates this waiter, if any.
     pub(super) name: Option<Arc<str>>,
-    /// [`IDLE`], [`WOKEN_WITH_OTHERS`] or [`WOKEN`]; only ever raised by a wakeup.
+    /// [`IDLE`] or [`WOKEN`]; only ever raised by a wakeup.
     woken: AtomicU8,
     notify: Notify,
-    /// The latest hold a release granted to this waiter (exclusive locks), until it is looked
-    /// at.
+    /// The latest hold a release granted to this waiter, until it is looked at.
     granted: std::sync::Mutex<Option<Granted>>,
     /// What it asks for, if a release of this process may hand it the lock.
     pub(super) bid: Option<Bid>,
@@ -106,13 +87,11 @@ impl WaiterTable {
     pub(crate) fn register(
         self: &Arc<Self>,
         lock_id: &Arc<str>,
-        kind: WaitKind,
         name: Option<Arc<str>>,
         bid: Option<Bid>,
     ) -> Registration {
         let waiter = Arc::new(Waiter {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            kind,
             name,
             woken: AtomicU8::new(IDLE),
             notify: Notify::new(),
@@ -155,19 +134,22 @@ impl WaiterTable {
                     w.wake(WOKEN)
                 })
                 .count(),
-            WakeRule::Chain(Admitted::Listed(ids)) => {
-                let ids: HashSet<&str> = ids.iter().map(String::as_str).collect();
+            WakeRule::Grants(grants) => {
+                let grants: HashMap<&str, Option<Granted>> = grants
+                    .iter()
+                    .map(|(id, granted)| (id.as_str(), *granted))
+                    .collect();
                 queue
                     .iter()
-                    .filter(|w| w.name.as_deref().is_some_and(|name| ids.contains(name)))
-                    .map(|w| w.wake(WOKEN_WITH_OTHERS))
+                    .filter_map(|w| Some((w, grants.get(w.name.as_deref()?)?)))
+                    .map(|(w, granted)| {
+                        if let Some(granted) = granted {
+                            *w.granted.lock().unwrap_or_else(|p| p.into_inner()) = Some(*granted);
+                        }
+                        w.wake(WOKEN)
+                    })
                     .count()
             }
-            WakeRule::Chain(Admitted::Every) => queue
-                .iter()
-                .filter(|w| w.kind == WaitKind::Shared)
-                .map(|w| w.wake(WOKEN_WITH_OTHERS))
-                .count(),
             WakeRule::All => queue.iter().map(|w| w.wake(WOKEN)).count(),
         };
         self.wakeups.fetch_add(woken as u64, Ordering::Relaxed);
@@ -262,8 +244,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         self.table.remove(&self.lock_id, &self.waiter);
         if self.waiter.woken.load(Ordering::Acquire) == WOKEN {
-            // We were woken but never tried: give the wakeup to the next local waiter. (Not
-            // after a `chain` event: it woke every reader that may go, this one included.)
+            // We were woken but never tried: give the wakeup to the next local waiter.
             self.table.dispatch(&self.lock_id, &WakeRule::One);
         }
     }
@@ -286,25 +267,14 @@ mod tests {
     fn two_mutex_waiters() -> (Arc<WaiterTable>, Registration, Registration) {
         let table = WaiterTable::new();
         let lock = id("mutex:a");
-        let first = table.register(&lock, WaitKind::Exclusive, None, None);
-        let second = table.register(&lock, WaitKind::Exclusive, None, None);
+        let first = table.register(&lock, None, None);
+        let second = table.register(&lock, None, None);
         (table, first, second)
     }
 
-    /// Registers a waiter named `name`: a reader when the name starts with `r`, else a writer.
+    /// Registers a waiter named `name`.
     fn named(table: &Arc<WaiterTable>, lock: &str, name: &str) -> Registration {
-        let kind = if name.starts_with('r') {
-            WaitKind::Shared
-        } else {
-            WaitKind::Exclusive
-        };
-        table.register(&id(lock), kind, Some(id(name)), None)
-    }
-
-    fn listed(ids: &[&str]) -> WakeRule {
-        WakeRule::Chain(Admitted::Listed(
-            ids.iter().map(|id| (*id).to_owned()).collect(),
-        ))
+        table.register(&id(lock), Some(id(name)), None)
     }
 
     #[tokio::test]
@@ -342,50 +312,36 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn chain_wakes_exactly_the_listed_readers_whatever_the_local_order() {
+    async fn grants_wake_exactly_the_granted_readers_whatever_the_local_order() {
         let table = WaiterTable::new();
         // Local (registration) order: a writer first. In Redis the readers r1 and r3 came first.
         let [w1, r1, w2, r2, r3] = ["w1", "r1", "w2", "r2", "r3"].map(|n| named(&table, "rw:a", n));
-        table.dispatch("rw:a", &listed(&["r3", "r1", "r-elsewhere"]));
+        let granted = Granted {
+            token: 7,
+            lasts_ms: 3000,
+            queued: true,
+        };
+        let grants = WakeRule::Grants(vec![
+            ("r3".into(), Some(granted)),
+            ("r1".into(), None),
+            ("r-elsewhere".into(), Some(granted)),
+        ]);
+        table.dispatch("rw:a", &grants);
         assert!(woken(&r1).await);
         assert!(woken(&r3).await);
+        assert_eq!(
+            r3.granted(),
+            Some(granted),
+            "the grant travels with the wakeup"
+        );
+        assert_eq!(r1.granted(), None, "a grant that did not parse only wakes");
         assert!(!woken(&w1).await, "a local head writer");
         assert!(!woken(&w2).await);
-        assert!(
-            !woken(&r2).await,
-            "a reader that is not listed (behind a writer in Redis)"
-        );
+        assert!(!woken(&r2).await, "a reader that was not granted");
         assert_eq!(table.wakeups(), 2);
         // Another lock's event wakes nobody here.
-        table.dispatch("rw:b", &listed(&["r2"]));
+        table.dispatch("rw:b", &WakeRule::Grants(vec![("r2".into(), None)]));
         assert!(!woken(&r2).await);
-    }
-
-    #[tokio::test]
-    async fn a_capped_chain_wakes_every_local_reader_and_no_writer() {
-        let table = WaiterTable::new();
-        let [w1, r1, w2, r2] = ["w1", "r1", "w2", "r2"].map(|n| named(&table, "rw:a", n));
-        table.dispatch("rw:a", &WakeRule::Chain(Admitted::Every));
-        assert!(woken(&r1).await);
-        assert!(woken(&r2).await);
-        assert!(!woken(&w1).await);
-        assert!(!woken(&w2).await);
-    }
-
-    #[tokio::test]
-    async fn a_reader_woken_by_chain_that_leaves_wakes_nobody_else() {
-        let table = WaiterTable::new();
-        let [r1, w1, r2] = ["r1", "w1", "r2"].map(|n| named(&table, "rw:a", n));
-        table.dispatch("rw:a", &listed(&["r1"]));
-        drop(r1);
-        assert!(!woken(&w1).await);
-        assert!(!woken(&r2).await);
-        // Woken in its own right as well (here by name): then it does pass the wakeup on.
-        let r3 = named(&table, "rw:a", "r3");
-        table.dispatch("rw:a", &listed(&["r3"]));
-        table.dispatch("rw:a", &WakeRule::Named("r3".into()));
-        drop(r3);
-        assert!(woken(&w1).await);
     }
 
     #[tokio::test]

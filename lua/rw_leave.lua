@@ -1,0 +1,84 @@
+-- rw_leave.lua: a waiter of a read-write lock gives up (a timeout or a cancellation): its
+-- queue line goes, and a hold a release granted it meanwhile is released (which may grant the
+-- lock to the next in line, lib/rw.lua).
+-- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
+--
+-- KEYS[1] hold     the lock's hash (see lib/rw.lua)
+-- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[3] fence    unused (kept for the canonical order)
+-- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- ARGV[1..3]       unused (the call section of an acquisition, lua/README.md)
+-- ARGV[4] waiter   the waiter id that leaves
+-- ARGV[5] window   the retry window in ms: the ttl of a lock left with no hold
+-- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
+--
+-- Returns {1} when the waiter was queued or granted a hold (now gone), {0} when it was
+-- neither; a WRONGTYPE error (and no change) when the hold key holds a foreign value.
+local hold, events = KEYS[1], KEYS[4]
+local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[8]
+
+local fields = fl_rw_read(hold)
+local now_us = fl_now_us()
+local now_ms = math.floor(now_us / 1000)
+local q, queued = fl_queue_without(fields[7], waiter)
+local state = fl_rw_state(fields, now_ms, '')
+
+-- A read hold granted under this waiter id (its line names the waiter in the last column).
+local granted_read
+if fields[10] then
+  local at = fl_find_word(fields[10], waiter, 32, 10)
+  if at then
+    local line_start = at
+    while line_start > 1 and string.byte(fields[10], line_start - 1) ~= 10 do
+      line_start = line_start - 1
+    end
+    granted_read = string.match(fields[10], '^(%S+) (%d+)', line_start)
+  end
+end
+
+local freed
+if state.writer and fields[8] == waiter then
+  local count = tonumber(fields[2])
+  if count > 1 then
+    -- Another task of the same owner re-entered the grant meanwhile: it keeps the lock, one
+    -- level fewer (the level that was this waiter's).
+    redis.call('HSET', hold, 'c', count - 1, 'g', '', 'q', q)
+    return {1}
+  end
+  state.writer, state.ends = false, 0
+  freed = true
+elseif granted_read then
+  state = fl_rw_state(fields, now_ms, granted_read)
+  local mine = state.mine
+  if mine and mine.waiter == waiter then
+    if mine.count > 1 then
+      mine.count, mine.waiter = mine.count - 1, '-'
+    else
+      state.mine = nil
+      state.readers = state.readers - 1
+      freed = true
+    end
+  end
+end
+if not freed then
+  if not queued and not state.changed and not granted_read then
+    return {0}
+  end
+  redis.call('HSET', hold, 'q', q, 's', fl_rw_readers(state))
+  fl_rw_keep(hold, state, now_ms, window)
+  return {1}
+end
+local freed_by = fl_freed_chain(waiter, fields[6] or '', 264)
+local went = false
+if q ~= '' and not state.writer then
+  went = fl_rw_grant(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id, nil,
+    window)
+end
+if not went then
+  redis.call('HSET', hold, 'q', q, 'x', freed_by, 's', fl_rw_readers(state))
+  if not state.writer then
+    redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
+  end
+  fl_rw_keep(hold, state, now_ms, window)
+end
+return {1}
