@@ -51,7 +51,7 @@ local writing = side == 'write'
 -- Holds that lapsed left waiters queued behind them: the queue is served first (a writer at
 -- its head is granted the lock once no read hold is left, readers at its head a read hold
 -- each), unless this acquisition is the writer at its head. It then looks again.
-local q = fields[7] or ''
+local q, queue_writer = fl_rw_live(fields[7], now_ms)
 if not state.writer and q ~= '' then
   local reader_head = string.byte(q, 1) == 114
   local own_head = fl_queue_find(q, waiter) == 1
@@ -60,8 +60,12 @@ if not state.writer and q ~= '' then
       lock_id, nil, window)
     fields = fl_rw_read(hold)
     state = fl_rw_state(fields, now_ms, owner)
-    q = fields[7] or ''
+    q, queue_writer = fl_rw_live(fields[7], now_ms)
   end
+end
+-- Dead waiters dropped from the queue are a change to write, like lapsed holds.
+if q ~= (fields[7] or '') then
+  state.changed = true
 end
 local mine = state.mine
 
@@ -114,7 +118,7 @@ if writing then
   takes = not state.writer and state.readers == 0 and (queue == '' or
     fl_queue_find(q, waiter) == 1)
 else
-  takes = not state.writer and not fl_rw_has_writer(queue)
+  takes = not state.writer and not queue_writer
 end
 if takes then
   local token = fields[3]
@@ -145,7 +149,7 @@ end
 -- It waits: it queues (unless it only tries), at the tail; the lapsed holds it met go.
 if waiter_lease > 0 and not queued then
   local lasts = math.max(math.min(lease, waiter_lease), 0)
-  queue = queue .. fl_queue_line(waiter, inbox, owner, lease, lasts, 0)
+  queue = queue .. fl_rw_queue_line(waiter, inbox, owner, lease, lasts, now_ms + waiter_lease)
 elseif queued then
   queue = q
 end

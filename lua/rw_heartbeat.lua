@@ -1,31 +1,50 @@
--- rw_heartbeat.lua: one client's check of its waiters queued on read-write locks, batched per
--- hash slot. Read only. Uses lib/hold.lua and lib/rw.lua.
+-- rw_heartbeat.lua: one client's heartbeat over its waiters queued on read-write locks,
+-- batched per hash slot. Uses lib/hold.lua and lib/rw.lua.
 --
--- The read-write lock's counterpart of hold_heartbeat.lua (see there why): a waiter whose
--- place is gone (its grant lapsed with its client, or the hash expired) is woken to try again.
+-- A queued waiter of a read-write lock must show that it is alive: a writer that died waiting
+-- would otherwise keep new readers out for as long as readers hold the lock. Each queue line
+-- carries the time until which its waiter is known alive (lib/rw.lua); this call moves that
+-- time a waiter lease on for each of the client's waiters still queued, every third of the
+-- waiter lease. It also tells which waiters lost their place (a grant to them lapsed, or the
+-- hash expired), so that the client wakes them to try again.
 --
 -- A batch script (lua/README.md): one key per lock.
 -- KEYS[i] hold     the i-th lock's hash (see lib/rw.lua)
--- ARGV             for each lock i: the number n of waiter ids, then the n waiter ids
+-- ARGV[1] waiter-lease  ms: each queued waiter of the call is known alive this long from now
+-- ARGV             then for each lock i: the number n of waiter ids, then the n waiter ids
 --
--- Returns one code per waiter id, in order: 1 queued, or granted a hold (the write hold's g,
--- or a read hold line's waiter column, is its id); 0 neither (it must try again);
---         a WRONGTYPE error when a hold key holds a foreign value.
+-- Returns one code per waiter id, in order: 1 queued (its time moved on), or granted a hold
+-- (the write hold's g, or a read hold line's waiter column, is its id); 0 neither (it must try
+-- again); a WRONGTYPE error (and no change) when a hold key holds a foreign value (each key is
+-- read with HMGET before it is written).
+local alive_until = math.floor(fl_now_us() / 1000) + tonumber(ARGV[1])
 local codes = {}
-local arg = 1
+local arg = 2
 for _, hold in ipairs(KEYS) do
   local fields = fl_rw_read(hold)
+  local q = fields[7] or ''
+  local moved = q
   local n = tonumber(ARGV[arg])
   arg = arg + 1
   for _ = 1, n do
     local id = ARGV[arg]
     arg = arg + 1
-    if (fields[1] and fields[8] == id) or fl_queue_find(fields[7], id) or
+    local from, to = fl_queue_find(moved, id)
+    if from then
+      local line = string.sub(moved, from, to)
+      local head = string.match(line, '^(.* )%d+\n$')
+      moved = string.sub(moved, 1, from - 1) .. string.format('%s%.0f\n', head, alive_until) ..
+        string.sub(moved, to + 1)
+      codes[#codes + 1] = 1
+    elseif (fields[1] and fields[8] == id) or
         (fields[10] and fl_find_word(fields[10], id, 32, 10)) then
       codes[#codes + 1] = 1
     else
       codes[#codes + 1] = 0
     end
+  end
+  if moved ~= q then
+    redis.call('HSET', hold, 'q', moved)
   end
 end
 return codes

@@ -60,15 +60,15 @@ elseif granted_read then
     end
   end
 end
-if not freed then
-  if not queued and not state.changed and not granted_read then
-    return {0}
-  end
-  redis.call('HSET', hold, 'q', q, 's', fl_rw_readers(state))
-  fl_rw_keep(hold, state, now_ms, window)
-  return {1}
+if not freed and not queued and not state.changed and not granted_read then
+  return {0}
 end
-local freed_by = fl_freed_chain(waiter, fields[6] or '', 264)
+local freed_by = fields[6] or ''
+if freed then
+  freed_by = fl_freed_chain(waiter, freed_by, 264)
+end
+-- The lock may be the queue's turn now: its holder's grant went, or this waiter was the writer
+-- at the head that kept the readers behind it waiting.
 local went = false
 if q ~= '' and not state.writer then
   went = fl_rw_grant(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id, nil,

@@ -26,8 +26,8 @@
 -- ARGV[12] successor-lease   its lease in ms
 -- ARGV[13] limit   unused (the lock is fair: a successor never passes a queued waiter)
 -- ARGV[14] inbox   the successor's client's inbox tag
--- ARGV[15] successor-queues  its grant ms (the waiter lease of its client): when the lock
---                  goes to the queue, the successor joins the queue's tail
+-- ARGV[15] successor-queues  the waiter lease of its client (its grant ms at most): when the
+--                  lock goes to the queue, the successor joins the queue's tail
 --
 -- Returns {1, holds left} when released (0: this side's hold is gone),
 --         {1, 0, token, queued} when the write hold was handed to the successor with this
@@ -154,8 +154,10 @@ if q == '' and state.readers == 0 then
 end
 local tail
 if successor_queues ~= '' and not fl_queue_find(q, successor_waiter) then
-  local lasts = math.max(math.min(successor_lease, tonumber(successor_queues)), 0)
-  tail = fl_queue_line(successor_waiter, successor_inbox, successor, successor_lease, lasts, 0)
+  local waiter_lease = tonumber(successor_queues)
+  local lasts = math.max(math.min(successor_lease, waiter_lease), 0)
+  tail = fl_rw_queue_line(successor_waiter, successor_inbox, successor, successor_lease, lasts,
+    now_ms + waiter_lease)
 end
 local granted, left = settle(freed_by, tail)
 if not granted and state.readers == 0 and (left == '' or left == tail) then

@@ -1,12 +1,15 @@
 //! The client's heartbeat over its waiters queued in Redis.
 //!
 //! Instead of one timer per waiter, each client keeps a registry of its queued waiters and ONE
-//! heartbeat task that, every third of the waiter lease, checks all of them with one read-only
-//! script call per hash slot and lock family (`lua/hold_heartbeat.lua` for the exclusive locks,
-//! `lua/rw_heartbeat.lua` for the read-write lock). A release passes over waiters whose client
-//! is gone, but a grant to a client that died unnoticed lapses after the waiter lease, and a
-//! lock's hash, queue included, expires with its last hold. The call finds the waiters whose
-//! place is gone.
+//! heartbeat task that, every third of the waiter lease, checks all of them with one script
+//! call per hash slot and lock family. A release passes over waiters whose client is gone, but
+//! a grant to a client that died unnoticed lapses after the waiter lease, and a lock's hash,
+//! queue included, expires with its last hold: the call finds the waiters whose place is gone.
+//!
+//! * exclusive locks (`lua/hold_heartbeat.lua`) only read;
+//! * the read-write lock (`lua/rw_heartbeat.lua`) also moves on the time until which each of
+//!   the client's queued waiters is known alive: a writer that died waiting must not keep new
+//!   readers out while readers hold the lock, so the scripts drop a waiter whose time passed.
 //!
 //! A waiter that the heartbeat finds gone from its queue is woken to try again; its next
 //! attempt re-joins the queue at the tail, or takes the lock.
@@ -99,15 +102,18 @@ async fn beat(ctx: &Arc<Context>, queued: &QueuedWaiters, waiters: &Arc<WaiterTa
     }
     let mut calls = tokio::task::JoinSet::new();
     for ((_, rw), locks) in shards {
-        let script = if rw {
-            &SCRIPTS.rw_heartbeat
+        // The read-write lock's call also vouches for its waiters for one more waiter lease.
+        let (script, first_args): (_, Vec<Value>) = if rw {
+            let lease = ctx.config.waiter_lease.as_millis() as i64;
+            (&SCRIPTS.rw_heartbeat, vec![lease.into()])
         } else {
-            &SCRIPTS.hold_heartbeat
+            (&SCRIPTS.hold_heartbeat, Vec::new())
         };
         let locks: Vec<_> = locks.into_values().collect();
         for chunk in locks.chunks(MAX_LOCKS_PER_CALL) {
             let (ctx, waiters) = (ctx.clone(), waiters.clone());
-            calls.spawn(check_places(ctx, waiters, chunk.to_vec(), script));
+            let call = (script, first_args.clone());
+            calls.spawn(check_places(ctx, waiters, chunk.to_vec(), call));
         }
     }
     while calls.join_next().await.is_some() {}
@@ -117,18 +123,18 @@ async fn beat(ctx: &Arc<Context>, queued: &QueuedWaiters, waiters: &Arc<WaiterTa
 type LockWaiters = (Arc<dyn RedisQueue>, Vec<Arc<str>>);
 
 /// Finds which waiters of up to [`MAX_LOCKS_PER_CALL`] locks of one family and shard lost their
-/// place (`script`: `lua/hold_heartbeat.lua` or `lua/rw_heartbeat.lua`), and wakes them.
+/// place (`script`, with its leading arguments: `lua/hold_heartbeat.lua` or
+/// `lua/rw_heartbeat.lua`), and wakes them.
 async fn check_places(
     ctx: Arc<Context>,
     waiter_table: Arc<WaiterTable>,
     locks: Vec<LockWaiters>,
-    script: &'static Script,
+    (script, mut args): (&'static Script, Vec<Value>),
 ) {
     let Some((first_lock, _)) = locks.first() else {
         return;
     };
     let mut keys = Vec::with_capacity(locks.len());
-    let mut args: Vec<Value> = Vec::new();
     for (lock, waiters) in &locks {
         keys.push(lock.queue_keys().lock().key(""));
         args.push((waiters.len() as i64).into());

@@ -13,7 +13,7 @@ use support::{
     worker_param, RedisServer, HANG, MODES,
 };
 
-/// One shard, so the test can name the keys: `{prefix:0}:rw.<role>:<name>`.
+/// One shard, so the test can name the lock's hash: `{prefix:0}:rw:<name>`.
 fn config(url: &str, mode: NotificationMode, prefix: &str) -> Config {
     let mut config = support::config(url, prefix, mode);
     config.shards = 1;
@@ -22,12 +22,8 @@ fn config(url: &str, mode: NotificationMode, prefix: &str) -> Config {
     config
 }
 
-fn key(prefix: &str, role: &str, name: &str) -> String {
-    if role.is_empty() {
-        format!("{{{prefix}:0}}:rw:{name}")
-    } else {
-        format!("{{{prefix}:0}}:rw.{role}:{name}")
-    }
+fn key(prefix: &str, name: &str) -> String {
+    format!("{{{prefix}:0}}:rw:{name}")
 }
 
 fn worker_env(
@@ -44,8 +40,17 @@ fn worker_env(
     ]
 }
 
-fn queue_len(server: &RedisServer, prefix: &str, name: &str) -> i64 {
-    server.cmd(&["LLEN", &key(prefix, "queue", name)]).as_int()
+/// One field of the lock's hash (`lua/lib/rw.lua`), "" when absent.
+fn field(server: &RedisServer, prefix: &str, name: &str, field: &str) -> String {
+    server
+        .cmd(&["HGET", &key(prefix, name), field])
+        .as_str_opt()
+        .unwrap_or_default()
+}
+
+/// How many waiters the lock's queue holds (one line each).
+fn queue_len(server: &RedisServer, prefix: &str, name: &str) -> usize {
+    field(server, prefix, name, "q").matches('\n').count()
 }
 
 /// Worker process: runs one role against the server given in its environment.
@@ -373,131 +378,52 @@ fn a_read_heavy_mix_of_many_tasks_in_many_processes_loses_no_wakeup() {
     }
 }
 
-/// The newest event of the prefix's stream (Stream mode, one shard): its rule and target.
-fn last_event(server: &RedisServer, prefix: &str) -> (String, String) {
-    server.last_event(&format!("{{{prefix}:events}}"))
-}
-
-/// Appends made-up waiters to the lock's Redis queue: (waiter id, still alive).
-fn queue_waiters(server: &RedisServer, prefix: &str, name: &str, waiters: &[(String, bool)]) {
-    for (id, alive) in waiters {
-        server.cmd(&["RPUSH", &key(prefix, "queue", name), id]);
-        let lease_end = if *alive { "99999999999999" } else { "1" };
-        server.cmd(&["ZADD", &key(prefix, "alive", name), lease_end, id]);
-    }
-}
-
-fn clear_queue(server: &RedisServer, prefix: &str, name: &str) {
-    server.cmd(&[
-        "DEL",
-        &key(prefix, "queue", name),
-        &key(prefix, "alive", name),
-    ]);
-}
-
-fn waiters(spec: &[(&str, bool)]) -> Vec<(String, bool)> {
-    spec.iter()
-        .map(|(id, alive)| ((*id).to_owned(), *alive))
-        .collect()
-}
-
-/// What the scripts put into a read-write wake event, checked on the stream itself.
+/// A writer at the head of the queue that gives up (its acquisition is dropped) lets the
+/// readers queued behind it in at once, though readers hold the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wake_events_name_exactly_the_readers_redis_admits() {
+async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
     init_tracing();
     let server = RedisServer::start();
-    let prefix = "admitted";
-    let name = "doc";
-    let locks = LockClient::connect(config(&server.url(), NotificationMode::Stream, prefix))
-        .await
-        .unwrap();
-    let lock = locks
-        .rwlock(name)
-        .unwrap()
-        .with_lease(Lease::fixed(Duration::from_secs(60)))
-        .unwrap();
-    let chain = |target: &str| ("chain".to_owned(), target.to_owned());
-
-    // A reader at the head: every live reader up to the first live writer, dead ones skipped.
-    let writer = lock.write().await.unwrap();
-    let spec = [
-        ("ra", true),
-        ("rdead", false),
-        ("wdead", false),
-        ("rb", true),
-        ("wc", true),
-        ("rd", true),
-    ];
-    queue_waiters(&server, prefix, name, &waiters(&spec));
-    writer.unlock().await.unwrap();
-    assert_eq!(last_event(&server, prefix), chain("ra,rb"));
-    clear_queue(&server, prefix, name);
-
-    // Dead heads are evicted and a live writer at the head is named.
-    let writer = lock.write().await.unwrap();
-    let spec = [("rdead", false), ("wc", true), ("ra", true)];
-    queue_waiters(&server, prefix, name, &waiters(&spec));
-    writer.unlock().await.unwrap();
-    assert_eq!(
-        last_event(&server, prefix),
-        ("name".to_owned(), "wc".to_owned())
-    );
-    clear_queue(&server, prefix, name);
-
-    // The last read release announces the readers as well.
-    let reader = lock.read().await.unwrap();
-    queue_waiters(
-        &server,
-        prefix,
-        name,
-        &waiters(&[("ra", true), ("rb", true)]),
-    );
-    reader.unlock().await.unwrap();
-    assert_eq!(last_event(&server, prefix), chain("ra,rb"));
-    clear_queue(&server, prefix, name);
-
-    // 32 readers are listed; one more and the event asks every reader to try.
-    for (readers, target) in [(32, None), (33, Some("*"))] {
-        let writer = lock.write().await.unwrap();
-        let mut queued: Vec<(String, bool)> =
-            (0..readers).map(|i| (format!("r{i:02}"), true)).collect();
-        queued.push(("wz".to_owned(), true));
-        queue_waiters(&server, prefix, name, &queued);
-        writer.unlock().await.unwrap();
-        let listed: Vec<String> = queued[..readers].iter().map(|(id, _)| id.clone()).collect();
-        let expected = target.map_or_else(|| listed.join(","), str::to_owned);
-        assert_eq!(last_event(&server, prefix), chain(&expected), "{readers}");
-        clear_queue(&server, prefix, name);
+    for mode in MODES {
+        let prefix = format!("giveup-{}", mode.as_str());
+        let locks = LockClient::connect(config(&server.url(), mode, &prefix))
+            .await
+            .unwrap();
+        let lock = locks
+            .rwlock("doc")
+            .unwrap()
+            .with_lease(Lease::fixed(Duration::from_secs(60)))
+            .unwrap();
+        let holder = lock.read().await.unwrap();
+        let writer = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.write().await.map(drop) })
+        };
+        eventually_async("writer queued", || async {
+            queue_len(&server, &prefix, "doc") == 1
+        })
+        .await;
+        let reader = {
+            let lock = lock.clone();
+            tokio::spawn(async move { lock.read().await })
+        };
+        eventually_async("reader queued behind the writer", || async {
+            queue_len(&server, &prefix, "doc") == 2
+        })
+        .await;
+        writer.abort();
+        // The holder's lease is 60 s: only the writer's leave can let the reader in in time.
+        let second = tokio::time::timeout(HANG, reader)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(lock.state().await.unwrap().readers, 2, "{mode:?}");
+        second.unlock().await.unwrap();
+        holder.unlock().await.unwrap();
+        assert_no_leftovers(&server, &prefix, "doc");
+        locks.shutdown().await.unwrap();
     }
-
-    // A writer at the head that gives up (its acquisition is dropped) hands the turn to the
-    // readers behind it at once, though readers hold the lock.
-    let holder = lock.read().await.unwrap();
-    let waiting = {
-        let lock = lock.clone();
-        tokio::spawn(async move { lock.write().await.map(drop) })
-    };
-    eventually_async("writer queued", || async {
-        queue_len(&server, prefix, name) == 1
-    })
-    .await;
-    queue_waiters(
-        &server,
-        prefix,
-        name,
-        &waiters(&[("rx", true), ("ry", true)]),
-    );
-    waiting.abort();
-    eventually_async(
-        "the readers behind the leaving writer were named",
-        || async { last_event(&server, prefix) == chain("rx,ry") },
-    )
-    .await;
-    assert_eq!(queue_len(&server, prefix, name), 2, "the writer left");
-    clear_queue(&server, prefix, name);
-    holder.unlock().await.unwrap();
-    assert_no_leftovers(&server, prefix, name);
-    locks.shutdown().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -592,8 +518,14 @@ fn one_write_release_wakes_queued_readers_with_one_event_per_process() {
             assert!(std::time::Instant::now() < deadline, "readers never queued");
             std::thread::sleep(Duration::from_millis(10));
         }
-        let seq_key = format!("{{{prefix}:events}}:seq");
-        let events_before = server.cmd(&["GET", &seq_key]).as_int_or_zero();
+        let shared_stream = format!("{{{prefix}:events}}");
+        let shared_events = |server: &RedisServer| -> i64 {
+            match mode {
+                NotificationMode::Stream => server.cmd(&["XLEN", &shared_stream]).as_int(),
+                _ => 0,
+            }
+        };
+        let events_before = shared_events(&server);
         let inboxes = server.keys(&format!("{{{prefix}:events}}:to:*"));
         let inbox_events = |server: &RedisServer| -> i64 {
             match mode {
@@ -618,7 +550,7 @@ fn one_write_release_wakes_queued_readers_with_one_event_per_process() {
         // Readers release too, but the last read release only emits when waiters are queued,
         // and none are left then: the write release let 8 readers in with one event into the
         // inbox of each of the two processes, none on the shared stream or channel.
-        let events = server.cmd(&["GET", &seq_key]).as_int_or_zero() - events_before;
+        let events = shared_events(&server) - events_before;
         assert_eq!(events, 0, "{mode:?}: an event for every process");
         if mode == NotificationMode::Stream {
             assert_eq!(
@@ -635,20 +567,6 @@ fn one_write_release_wakes_queued_readers_with_one_event_per_process() {
         assert!(wakeups >= 8, "{mode:?}: {wakeups} wakeups for 8 readers");
         assert_no_leftovers(&server, &prefix, "fanout");
         runtime.block_on(locks.shutdown()).unwrap();
-    }
-}
-
-trait IntOrZero {
-    fn as_int_or_zero(&self) -> i64;
-}
-
-impl IntOrZero for support::Resp {
-    fn as_int_or_zero(&self) -> i64 {
-        if self.is_nil() {
-            0
-        } else {
-            self.as_int()
-        }
     }
 }
 
@@ -817,30 +735,29 @@ async fn a_writer_that_died_waiting_stops_blocking_new_readers() {
     }
 }
 
-/// After the runs no key of the lock is left but the fencing counter (kept forever) and the
-/// retry window of the last releases (a few seconds).
+/// After the runs the lock's hash holds no hold and no waiter, and is left at most as the
+/// tombstone of the retry window (it keeps the lock's token and the last releases' op ids for a
+/// few seconds, then expires).
 fn assert_no_leftovers(server: &RedisServer, prefix: &str, name: &str) {
     let deadline = std::time::Instant::now() + HANG;
+    let hash = key(prefix, name);
     loop {
-        let left: Vec<String> = ["", "readers", "queue", "alive"]
+        let held: Vec<String> = ["o", "s", "q"]
             .iter()
-            .map(|role| key(prefix, role, name))
-            .filter(|k| server.cmd(&["EXISTS", k]).as_int() == 1)
+            .map(|f| field(server, prefix, name, f))
+            .filter(|value| !value.is_empty())
             .collect();
-        if left.is_empty() {
+        if held.is_empty() {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "keys left behind: {left:?}"
+            "holds or waiters left behind: {held:?}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let done = key(prefix, "done", name);
-    if server.cmd(&["EXISTS", &done]).as_int() == 1 {
-        assert!(
-            server.cmd(&["PTTL", &done]).as_int() > 0,
-            "retry window must expire"
-        );
+    if server.cmd(&["EXISTS", &hash]).as_int() == 1 {
+        let ttl = server.cmd(&["PTTL", &hash]).as_int();
+        assert!(ttl > 0, "the tombstone must expire: ttl {ttl}");
     }
 }

@@ -18,6 +18,10 @@
 --      while its end is ahead; the scripts drop lapsed lines as they meet them
 -- Waiters of both sides queue in q with the lines of lib/hold.lua: a reader's waiter id starts
 -- with "r", a writer's with "w" (then the client's inbox tag, ".", an op id: src/lock/rwlock.rs).
+-- The last column of a line is the time (server ms) until which the waiter is known to be
+-- alive: its queueing call set it a waiter lease ahead, and its client's heartbeat
+-- (rw_heartbeat.lua) moves it on. A waiter whose time passed is dropped where the scripts meet
+-- it: a writer that died waiting must not keep new readers out while readers hold the lock.
 -- A writer at the head of the queue is granted the lock alone, once no read hold is left; the
 -- readers at the head, up to the first writer, are granted read holds together (a wave), with
 -- one event per client: "0|grants|<token>,<queued>,<waiter>:<grant ms>,...|<lock id>". A reader
@@ -41,16 +45,20 @@
 -- fl_rw_last(state)                 -> the latest end of every hold in state (ms)
 -- fl_rw_keep(hold, state, now_ms, window) sets the hash's ttl: to the latest end of its holds,
 --                                       or to the retry window when none is left
--- fl_rw_has_writer(q)               -> whether a writer is queued in q
+-- fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, alive_until) -> one line of q
+-- fl_rw_live(q, now_ms)              -> q without the waiters whose time passed, and whether a
+--                                       writer is left in it
 -- fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
 --   -> "w" (a writer was granted the lock: state.token is its token), "r" (readers were granted
 --   read holds, or woken to re-enter) or false (nothing granted: the queue is empty or held
 --   only waiters whose client is gone, or its head is a writer and read holds are left), and
 --   the queue left, which it wrote (with x) when it changed.
---   Grants from the head of q, dropping waiters whose client is gone on the way (fl_emit_to):
---   the first writer when no read hold is left, or every reader up to the first writer. Writes
---   the hash (q left, plus `tail`, a line to queue behind: a take-over's), the freed-by chain x
---   and the ttl before it sends anything (a write refused for want of memory fails the script
+--   Grants from the head of q, dropping waiters whose client is gone on the way (their time
+--   passed, or fl_emit_to finds nobody there):
+--   the first writer when no read hold is left, or every reader up to the first writer. Called
+--   only when no write hold is live (a lapsed or released one's fields are cleared with the
+--   grant). Writes the hash (q left, plus `tail`, a line to queue behind: a take-over's), the
+--   freed-by chain x and the ttl before it sends anything (a write refused for want of memory fails the script
 --   before any event). A writer's hold lasts its grant ms and each reader's its own.
 local function fl_rw_read(hold)
   local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 'e', 's')
@@ -126,11 +134,28 @@ local function fl_rw_keep(hold, state, now_ms, window)
   end
 end
 
-local function fl_rw_has_writer(q)
+local function fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, alive_until)
+  return string.format('%s %s %s %d %d %.0f\n', waiter, inbox, owner, lease, grant_ms,
+    alive_until)
+end
+
+local function fl_rw_live(q, now_ms)
   if not q or q == '' then
-    return false
+    return '', false
   end
-  return string.byte(q, 1) == 119 or string.find(q, '\nw', 1, true) ~= nil
+  local kept, writer, dropped = {}, false, false
+  for line, first, alive in string.gmatch(q, '((%S)[^\n]* (%d+)\n)') do
+    if tonumber(alive) > now_ms then
+      kept[#kept + 1] = line
+      writer = writer or first == 'w'
+    else
+      dropped = true
+    end
+  end
+  if not dropped then
+    return q, writer
+  end
+  return table.concat(kept), writer
 end
 
 local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
@@ -141,8 +166,12 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
   local token
   while at <= size do
     local stop = string.find(q, '\n', at, true)
-    local waiter, inbox, owner, lasts = string.match(q, '^(%S+) (%S+) (%S+) %d+ (%d+) %d+\n', at)
-    if waiter and string.byte(waiter, 1) == 114 then
+    local waiter, inbox, owner, lasts, alive =
+      string.match(q, '^(%S+) (%S+) (%S+) %d+ (%d+) (%d+)\n', at)
+    if waiter and tonumber(alive) <= now_ms then
+      -- Its client stopped vouching for it: dropped.
+      at = stop + 1
+    elseif waiter and string.byte(waiter, 1) == 114 then
       -- A reader: granted a read hold with the others of the wave.
       at = stop + 1
       if held[owner] or (state.mine and state.owner == owner) or
@@ -196,7 +225,9 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     end
   end
   state.readers = state.readers + #wave
-  redis.call('HSET', hold, 's', fl_rw_readers(state), 'q', left, 'x', x)
+  -- No write hold is left (the caller grants only then): its fields go with the same write.
+  redis.call('HSET', hold, 's', fl_rw_readers(state), 'q', left, 'x', x, 'o', '', 'c', 0,
+    'g', '', 'e', '')
   fl_rw_keep(hold, state, now_ms, window)
   -- One event per client: its granted readers, then its readers woken by name.
   local by_inbox, order = {}, {}
