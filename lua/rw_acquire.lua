@@ -24,7 +24,7 @@
 -- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
 -- ARGV[9] side     "read" or "write"
 -- ARGV[10] inbox   the inbox tag of the caller's client (where a grant is sent)
--- ARGV[11] window  the retry window in ms: the ttl of a lock left with no hold
+-- ARGV[11] retry-window  ms: the ttl of a lock left with no hold (the tombstone)
 -- ARGV[12] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered (a read hold's token is

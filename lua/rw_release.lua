@@ -145,7 +145,10 @@ local function hand_over()
   return {1, 0, tonumber(next_token), 0}
 end
 
-if successor == '' then
+-- A successor that holds a read hold itself asks for an upgrade, which its own attempt refuses:
+-- it is not named here.
+if successor == '' or (successor == owner and state.mine) or
+    fl_find_word(state.others, successor, 10, 32) then
   settle(freed_by)
   return {1, 0}
 end

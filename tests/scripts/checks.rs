@@ -1,5 +1,5 @@
-//! The fence key's rules, renewal, the heartbeat's read-only check, foreign values, the inbox
-//! keeper and the queue scripts' kind check.
+//! The fence key's rules, renewal, the heartbeat's read-only check, foreign values and the inbox
+//! keeper, for the exclusive locks' scripts and the read-write lock's.
 
 use crate::lua::*;
 use crate::support::*;
@@ -420,13 +420,7 @@ fn hold_scripts_refuse_a_foreign_value_at_the_hold_key_before_changing_anything(
     let inbox_b = inbox("b");
     for kind in ["string", "list", "set", "zset", "stream"] {
         server.cmd(&["DEL", HOLD]);
-        match kind {
-            "string" => server.cmd(&["SET", HOLD, "planted"]),
-            "list" => server.cmd(&["RPUSH", HOLD, "p"]),
-            "set" => server.cmd(&["SADD", HOLD, "m"]),
-            "zset" => server.cmd(&["ZADD", HOLD, "1", "m"]),
-            _ => server.cmd(&["XADD", HOLD, "*", "o", "a"]),
-        };
+        plant(&server, HOLD, kind);
         let before = lua.dump(&[&inbox_b]);
         let calls = [
             (
@@ -511,89 +505,231 @@ fn inbox_keep_creates_empty_streams_and_refreshes_their_ttl() {
 }
 
 // ---------------------------------------------------------------------------
-// the queue scripts (read-write lock)
+// the read-write lock's scripts
 // ---------------------------------------------------------------------------
 
-/// The keys of read-write lock `x` under prefix `t` (one shard), in the order its scripts take
-/// them (`lua/README.md`): hold, readers, fence, events, seq, queue, alive.
-const RW_X_KEYS: [&str; 7] = [
-    "{t:0}:rw:x",
-    "{t:0}:rw.readers:x",
-    "{t:0}:fence",
-    "{t:events}",
-    "{t:events}:seq",
-    "{t:0}:rw.queue:x",
-    "{t:0}:rw.alive:x",
-];
-
-/// The queue scripts serve only the read-write lock (the exclusive locks keep their queue in
-/// their hash) and take the kind as an argument, not from the lock id: any other kind, "fair"
-/// included, is refused before anything changes, in `queue_leave` and in `queue_heartbeat`
-/// alike.
+/// `rw_acquire` reads the fence key only for a take of a lock with no hash (a read take draws
+/// the lock's first token from it as a write take does): missing (unless the call may create
+/// it) or stamped with another layout, the take is refused and nothing changes; a foreign
+/// value there is WRONGTYPE. While the hash exists (held, or a tombstone), every take, re-entry
+/// and busy attempt leaves the fence key alone, whatever it holds: a read hold takes the lock's
+/// `f`, a write hold max(f + 1, clock).
 #[test]
-fn queue_scripts_refuse_an_unknown_kind_before_changing_anything() {
+fn only_an_rw_take_of_a_lock_with_no_hash_reads_the_fence_key() {
     init_tracing();
     let server = RedisServer::start();
-    let libraries = [QUEUE_LIB, NOTIFY_LIB, RW_LIB];
-    let acquire = composed(
-        &[FENCE_LIB, QUEUE_LIB, NOTIFY_LIB, RW_LIB],
-        include_str!("../../lua/rw_acquire.lua"),
-    );
-    let leave = composed(&libraries, include_str!("../../lua/queue_leave.lua"));
-    let heartbeat = composed(&libraries, include_str!("../../lua/queue_heartbeat.lua"));
-    let [hold, readers, _, events, seq, queue, alive] = RW_X_KEYS;
-    let eval = |script: &str, keys: &[&str], args: &[&str]| {
-        let count = keys.len().to_string();
-        let mut command = vec!["EVAL", script, &count];
-        command.extend(keys);
-        command.extend(args);
-        server.cmd(&command)
-    };
-    let create = fence_arg(true);
-    let write = |owner: &str, waiter: &str| {
-        ints(eval(
-            &acquire,
-            &RW_X_KEYS,
-            &[
-                owner, "30000", waiter, waiter, "3000", "stream", "1000", "rw:x", "write", "5000",
-                &create,
-            ],
-        ))
-    };
-    let leave_queue = |waiter: &str, kind: &str| {
-        eval(
-            &leave,
-            &RW_X_KEYS,
-            &["", "", "", waiter, "", "stream", "1000", "rw:x", kind],
-        )
-    };
-    let beat = |kind: &str| {
-        eval(
-            &heartbeat,
-            &[hold, readers, queue, alive, events, seq],
-            &["3000", "stream", "1000", kind, "rw:x", "1", "wb"],
-        )
-    };
-    // a holds the write lock, b waits.
-    assert_eq!(write("a", "wa")[0], 1);
-    assert_eq!(write("b", "wb")[0], 0);
-    let before = dump_keys(&server, &RW_X_KEYS);
-    for kind in ["", "fair", "mutex", "RW", "rw:", "fair:x"] {
-        for refused in [leave_queue("wb", kind), beat(kind)] {
-            assert!(
-                refused
-                    .error_message()
-                    .is_some_and(|e| e.contains("unknown lock kind")),
-                "{kind:?}: {refused:?}"
-            );
+    let rw = Rw::new(&server, "stream");
+    let nothing = rw.dump(&[]);
+    for bid in [Bid::read("a", "a-read"), Bid::write("a", "a-write")] {
+        let refused = rw.attempt(bid, &fence_arg(false));
+        assert_eq!(
+            refused.error_message(),
+            Some("FLFENCE missing"),
+            "{bid:?}: {refused:?}"
+        );
+        assert_eq!(rw.dump(&[]), nothing, "{bid:?}: a key was written");
+    }
+    server.cmd(&["SET", FENCE, &format!("17|{OTHER_LAYOUT}")]);
+    let stamped = rw.dump(&[]);
+    let expected = format!("FLFENCE layout {OTHER_LAYOUT}");
+    for bid in [Bid::read("a", "a-read"), Bid::write("a", "a-write")] {
+        for create in [false, true] {
+            let refused = rw.attempt(bid, &fence_arg(create));
             assert_eq!(
-                dump_keys(&server, &RW_X_KEYS),
-                before,
-                "{kind:?}: a key changed"
+                refused.error_message(),
+                Some(expected.as_str()),
+                "{bid:?}: {refused:?}"
             );
+            assert_eq!(rw.dump(&[]), stamped, "{bid:?}: a key changed");
         }
     }
-    assert_eq!(ints(beat("rw")), vec![1]);
-    assert_eq!(ints(leave_queue("wb", "rw")), vec![1]);
-    assert_eq!(ints(leave_queue("wb", "rw")), vec![0]);
+    // Foreign strings (not "<last>|<layout>") and values of another type: WRONGTYPE.
+    for value in ["hello", "12", "x12|stamp", "|stamp", "list"] {
+        server.cmd(&["DEL", FENCE]);
+        if value == "list" {
+            server.cmd(&["RPUSH", FENCE, "planted"]);
+        } else {
+            server.cmd(&["SET", FENCE, &value.replace("stamp", LAYOUT)]);
+        }
+        let before = rw.dump(&[]);
+        for bid in [Bid::read("a", "a-read"), Bid::write("a", "a-write")] {
+            let what = format!("{bid:?} with {value:?} at the fence key");
+            assert_wrongtype(&rw.attempt(bid, &fence_arg(true)), &what);
+            assert_eq!(rw.dump(&[]), before, "{what}: a key changed");
+        }
+    }
+
+    // The shard's first token, drawn by a read take: the server clock, stored as f.
+    server.cmd(&["DEL", FENCE]);
+    let clock = rw.clock();
+    let t = rw.acquire(Bid::read("a", "a-read"))[1];
+    assert_drawn(t, 0, clock, "the first read take");
+    assert_eq!(fence_value(&server, FENCE), (t as u64, LAYOUT.to_owned()));
+    assert_eq!(rw.token(), t);
+
+    // While the hash exists, whatever the fence key holds: another read take shares f, a busy
+    // write attempt queues, a re-entry counts up; after the reads' releases (a tombstone) a
+    // write take continues the token. The fence key is left as it is.
+    let mut token = t;
+    for (n, value) in [
+        None,
+        Some(format!("{t}|{OTHER_LAYOUT}")),
+        Some("hello".to_owned()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        server.cmd(&["DEL", FENCE]);
+        if let Some(value) = &value {
+            server.cmd(&["SET", FENCE, value]);
+        }
+        let fence = snapshot(&server, FENCE);
+        let what = format!("fence {value:?}");
+        let (reader, writer) = (format!("b{n}"), format!("w{n}"));
+        let op = |owner: &str, what: &str| format!("{owner}-{what}");
+        let take = |bid: Bid| ints(rw.attempt(bid, &fence_arg(false)));
+        assert_eq!(
+            take(Bid::read(&reader, &op(&reader, "read"))),
+            vec![1, token, 1],
+            "{what}"
+        );
+        assert_eq!(
+            take(Bid::read(&reader, &op(&reader, "again"))),
+            vec![1, token, 2],
+            "{what}"
+        );
+        let busy = take(Bid::write(&writer, &op(&writer, "try")));
+        assert_eq!((busy[0], busy[2]), (0, token), "{what}: {busy:?}");
+        assert_eq!(
+            rw.release_all(Side::Read, &reader, token, &op(&reader, "release")),
+            vec![1, 0]
+        );
+        if n == 0 {
+            assert_eq!(rw.release(Side::Read, "a", t, "a-release"), vec![1, 0]);
+        }
+        let clock = rw.clock();
+        let taken = take(Bid::write(&writer, &op(&writer, "take")));
+        assert_eq!((taken[0], taken[2]), (1, 1), "{what}: {taken:?}");
+        assert_drawn(taken[1], token, clock, &what);
+        token = taken[1];
+        assert_eq!(
+            rw.release(Side::Write, &writer, token, &op(&writer, "release")),
+            vec![1, 0]
+        );
+        assert_eq!(snapshot(&server, FENCE), fence, "{what}: the fence key changed");
+    }
+    rw.assert_no_stray_keys();
+}
+
+/// A foreign value at the read-write lock's hash key (another type than a hash): every
+/// read-write script fails with WRONGTYPE before writing anything (its first access is one
+/// HMGET of the hash), and the foreign value, the fence key and the inboxes stay as they are.
+#[test]
+fn rw_scripts_refuse_a_foreign_value_at_the_hold_key_before_changing_anything() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b"]);
+    server.cmd(&["SET", FENCE, &format!("17|{LAYOUT}")]);
+    let inbox_b = inbox("b");
+    for kind in ["string", "list", "set", "zset", "stream"] {
+        server.cmd(&["DEL", RW_HOLD]);
+        plant(&server, RW_HOLD, kind);
+        let before = rw.dump(&[&inbox_b]);
+        let calls = [
+            ("read take", rw.attempt(Bid::read("a", "a-read"), &fence_arg(true))),
+            (
+                "write take",
+                rw.attempt(Bid::write("a", "a-write"), &fence_arg(true)),
+            ),
+            (
+                "waiting write attempt",
+                rw.attempt(Bid::write("b", "b-wait").waiting("wb"), &fence_arg(true)),
+            ),
+            (
+                "read release",
+                rw.release_raw(Side::Read, "a", 17, "a-rel", false, None),
+            ),
+            (
+                "write release",
+                rw.release_raw(Side::Write, "a", 17, "a-rel", true, None),
+            ),
+            (
+                "take-over",
+                rw.release_raw(Side::Write, "a", 17, "a-rel", false, Some(("b", "wb"))),
+            ),
+            ("leave", rw.leave_raw("wb")),
+            ("force unlock", rw.force_raw()),
+            (
+                "heartbeat",
+                rw.heartbeat_raw(WAITER_LEASE, &[(RW_HOLD, &["wb"])]),
+            ),
+            (
+                "read renewal",
+                rw.renew_raw(LEASE, &[(RW_HOLD, Side::Read, "a", 17)]),
+            ),
+            (
+                "write renewal",
+                rw.renew_raw(LEASE, &[(RW_HOLD, Side::Write, "a", 17)]),
+            ),
+            ("inspect", rw.inspect_raw()),
+        ];
+        for (call, reply) in calls {
+            let what = format!("{call} with a {kind} at the hold key");
+            assert_wrongtype(&reply, &what);
+            assert_eq!(rw.dump(&[&inbox_b]), before, "{what}: a key changed");
+        }
+    }
+}
+
+/// The batch scripts of the read-write lock (`rw_renew`, `rw_heartbeat`) over two locks of one
+/// slot, a foreign value at the second one: WRONGTYPE, and nothing changed, not even the
+/// first lock's hash (a renewal there would push its hold's end and ttl, a heartbeat its
+/// waiter's alive time).
+#[test]
+fn rw_batches_refuse_a_foreign_value_at_any_hold_key_before_changing_anything() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    const Y: &str = "{t:0}:rw:y";
+    let t = rw.acquire(Bid::read("a", "a-read").lease(10_000))[1];
+    let busy = rw.acquire(Bid::write("b", "b-wait").waiting("wb"));
+    assert_eq!((busy[0], busy[2]), (0, t), "{busy:?}");
+    for kind in ["string", "list", "set", "zset", "stream"] {
+        server.cmd(&["DEL", Y]);
+        plant(&server, Y, kind);
+        let before = rw.dump(&[Y]);
+        let ttl = rw.pttl();
+        let calls = [
+            (
+                "renewal",
+                rw.renew_raw(
+                    LEASE,
+                    &[(RW_HOLD, Side::Read, "a", t), (Y, Side::Read, "a", t)],
+                ),
+            ),
+            (
+                "heartbeat",
+                rw.heartbeat_raw(WAITER_LEASE, &[(RW_HOLD, &["wb"]), (Y, &["wb"])]),
+            ),
+        ];
+        for (call, reply) in calls {
+            let what = format!("a {call} with a {kind} at the second hold key");
+            assert_wrongtype(&reply, &what);
+            assert_eq!(rw.dump(&[Y]), before, "{what}: a key changed");
+            assert!(rw.pttl() <= ttl, "{what}: the first hash's ttl was pushed");
+        }
+    }
+}
+
+/// Plants a value of another type than a hash under `key`: a `kind` ("string", "list", "set",
+/// "zset" or "stream").
+fn plant(server: &RedisServer, key: &str, kind: &str) {
+    match kind {
+        "string" => server.cmd(&["SET", key, "planted"]),
+        "list" => server.cmd(&["RPUSH", key, "p"]),
+        "set" => server.cmd(&["SADD", key, "m"]),
+        "zset" => server.cmd(&["ZADD", key, "1", "m"]),
+        _ => server.cmd(&["XADD", key, "*", "o", "a"]),
+    };
 }

@@ -1,13 +1,12 @@
 //! The test harness: the composed scripts run with `EVAL`, the expected hash, the calls.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
 use crate::support::{composed, exists, RedisServer, Resp};
 
 pub(crate) const HOLD_LIB: &str = include_str!("../../lua/lib/hold.lua");
 pub(crate) const FENCE_LIB: &str = include_str!("../../lua/lib/fence.lua");
-pub(crate) const QUEUE_LIB: &str = include_str!("../../lua/lib/queue.lua");
 pub(crate) const NOTIFY_LIB: &str = include_str!("../../lua/lib/notify.lua");
 pub(crate) const RW_LIB: &str = include_str!("../../lua/lib/rw.lua");
 
@@ -725,25 +724,12 @@ impl<'a> Lua<'a> {
 
     /// Every event in `owner`'s inbox stream, oldest first.
     pub(crate) fn inbox_events(&self, owner: &str) -> Vec<String> {
-        self.server
-            .cmd(&["XRANGE", &inbox(owner), "-", "+"])
-            .as_array()
-            .iter()
-            .map(|entry| {
-                let fields = entry.as_array()[1].as_array();
-                assert_eq!(fields.len(), 2, "one field per entry: {fields:?}");
-                assert_eq!(fields[0].as_str().as_deref(), Some("e"), "{fields:?}");
-                fields[1].as_str().expect("an event string")
-            })
-            .collect()
+        inbox_events(self.server, owner)
     }
 
     /// Runs `inbox_keep` for the inboxes of `owners`, as their clients' readers do.
     pub(crate) fn open_inboxes(&self, owners: &[&str]) {
-        let inboxes: Vec<String> = owners.iter().map(|owner| inbox(owner)).collect();
-        let inboxes: Vec<&str> = inboxes.iter().map(String::as_str).collect();
-        let kept = keep_inboxes(self.server, &inboxes, "30000");
-        assert_eq!(ints(kept), vec![owners.len() as i64]);
+        open_inboxes(self.server, owners);
     }
 
     /// Asserts that no script call created a key it has no business with: the unused marker
@@ -753,6 +739,29 @@ impl<'a> Lua<'a> {
             assert!(!exists(self.server, key), "{key} was created");
         }
     }
+}
+
+/// Every event in the inbox stream of `owner`'s client, oldest first.
+pub(crate) fn inbox_events(server: &RedisServer, owner: &str) -> Vec<String> {
+    server
+        .cmd(&["XRANGE", &inbox(owner), "-", "+"])
+        .as_array()
+        .iter()
+        .map(|entry| {
+            let fields = entry.as_array()[1].as_array();
+            assert_eq!(fields.len(), 2, "one field per entry: {fields:?}");
+            assert_eq!(fields[0].as_str().as_deref(), Some("e"), "{fields:?}");
+            fields[1].as_str().expect("an event string")
+        })
+        .collect()
+}
+
+/// Runs `inbox_keep` for the inboxes of the clients of `owners`, as their readers do.
+pub(crate) fn open_inboxes(server: &RedisServer, owners: &[&str]) {
+    let inboxes: Vec<String> = owners.iter().map(|owner| inbox(owner)).collect();
+    let inboxes: Vec<&str> = inboxes.iter().map(String::as_str).collect();
+    let kept = keep_inboxes(server, &inboxes, "30000");
+    assert_eq!(ints(kept), vec![owners.len() as i64]);
 }
 
 /// `inbox_keep.lua` (no library) on `inboxes` with the ttl `ttl` ms; the raw reply.
@@ -768,4 +777,661 @@ pub(crate) fn keep_inboxes(server: &RedisServer, inboxes: &[&str], ttl: &str) ->
 /// A reply array of integers, to compare with a raw reply.
 pub(crate) fn ints_of(values: &[i64]) -> Resp {
     Resp::Array(Some(values.iter().map(|&v| Resp::Int(v)).collect()))
+}
+
+// ---------------------------------------------------------------------------
+// the read-write lock: lua/rw_*.lua
+// ---------------------------------------------------------------------------
+
+/// The hash of read-write lock `x` under prefix `t` (shard 0): the lock's whole state
+/// (`lua/lib/rw.lua`).
+pub(crate) const RW_HOLD: &str = "{t:0}:rw:x";
+/// What the client passes at the marker position (`KEYS[2]`, unused): no script may create it.
+pub(crate) const RW_MARKER: &str = "{t:0}:rw.wait:x";
+/// The KEYS of the read-write scripts that work on one lock (`through(Key::Events)`).
+pub(crate) const RW_KEYS: [&str; 4] = [RW_HOLD, RW_MARKER, FENCE, EVENTS];
+pub(crate) const RW_LOCK_ID: &str = "rw:x";
+/// How far (ms) the expiry time of the hash may lie from the end it is meant to have: the
+/// scripts compute ends from the server clock in whole ms, Redis sets the expiry from its own
+/// reading of the clock in the same call.
+const EXPIRY_SLACK: i64 = 3;
+
+/// The side of a read-write lock a call is about (`ARGV[9]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Side {
+    Read,
+    Write,
+}
+
+impl Side {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Side::Read => "read",
+            Side::Write => "write",
+        }
+    }
+}
+
+/// One call of `rw_acquire.lua`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Bid<'a> {
+    pub(crate) side: Side,
+    pub(crate) owner: &'a str,
+    /// Whose client the call comes from: it passes that client's inbox tag ([`tag`]). Each
+    /// owner has a client of its own unless a test says otherwise.
+    pub(crate) client: &'a str,
+    pub(crate) lease: i64,
+    pub(crate) op: &'a str,
+    pub(crate) waiter: &'a str,
+    pub(crate) waiter_lease: i64,
+}
+
+impl<'a> Bid<'a> {
+    /// A try for a read hold: no waiter id, waiter lease 0 (it never queues); lease [`LEASE`].
+    pub(crate) fn read(owner: &'a str, op: &'a str) -> Self {
+        Bid::new(Side::Read, owner, op)
+    }
+
+    /// A try for the write hold.
+    pub(crate) fn write(owner: &'a str, op: &'a str) -> Self {
+        Bid::new(Side::Write, owner, op)
+    }
+
+    fn new(side: Side, owner: &'a str, op: &'a str) -> Self {
+        Bid {
+            side,
+            owner,
+            client: owner,
+            lease: LEASE,
+            op,
+            waiter: "",
+            waiter_lease: 0,
+        }
+    }
+
+    /// An attempt of an acquisition that queues as `waiter` when it must wait, with the
+    /// waiter lease [`WAITER_LEASE`].
+    pub(crate) fn waiting(self, waiter: &'a str) -> Self {
+        Bid {
+            waiter,
+            waiter_lease: WAITER_LEASE,
+            ..self
+        }
+    }
+
+    pub(crate) fn lease(self, lease: i64) -> Self {
+        Bid { lease, ..self }
+    }
+
+    pub(crate) fn waiter_lease(self, waiter_lease: i64) -> Self {
+        Bid {
+            waiter_lease,
+            ..self
+        }
+    }
+
+    /// The call comes from `client`'s client (its inbox tag).
+    pub(crate) fn client(self, client: &'a str) -> Self {
+        Bid { client, ..self }
+    }
+
+    /// The grant ms of this bid's queue line: min(lease, waiter lease).
+    pub(crate) fn grant_ms(&self) -> i64 {
+        self.lease.min(self.waiter_lease).max(0)
+    }
+}
+
+/// The server clock (ms) read right before and right after one call: whatever time the call
+/// computed from its own reading of the clock lies within, shifted by the duration it added.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) from: i64,
+    pub(crate) to: i64,
+}
+
+impl Span {
+    pub(crate) fn shifted(self, ms: i64) -> Span {
+        Span {
+            from: self.from + ms,
+            to: self.to + ms,
+        }
+    }
+
+    pub(crate) fn assert_contains(self, value: i64, what: &str) {
+        assert!(
+            (self.from..=self.to).contains(&value),
+            "{what}: {value} not within {}..={}",
+            self.from,
+            self.to
+        );
+    }
+}
+
+/// The read-write lock's hash, field by field (`None`: the hash lacks the field). The write
+/// hold's fields and the queue are those of the exclusive locks ([`HoldHash`]); `e` is the
+/// write hold's end (server ms) and `s` the read holds, one line per owner.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct RwHash {
+    pub(crate) o: Option<String>,
+    pub(crate) c: Option<String>,
+    pub(crate) f: Option<String>,
+    pub(crate) l: Option<String>,
+    pub(crate) r: Option<String>,
+    pub(crate) x: Option<String>,
+    pub(crate) q: Option<String>,
+    pub(crate) g: Option<String>,
+    pub(crate) e: Option<String>,
+    pub(crate) s: Option<String>,
+}
+
+/// A field's value in an expected [`RwHash`].
+pub(crate) fn v(value: impl ToString) -> Option<String> {
+    Some(value.to_string())
+}
+
+/// The grant event a release sends to a writer's client (`lua/lib/rw.lua`).
+pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
+    let queued = u8::from(queued);
+    format!("0|grant|{waiter},{token},{grant_ms},{queued}|{RW_LOCK_ID}")
+}
+
+/// The event that grants a wave of readers of one client: their waiter ids and grant ms.
+pub(crate) fn rw_grants(token: i64, queued: bool, readers: &[(&str, i64)]) -> String {
+    let queued = u8::from(queued);
+    let readers: Vec<String> = readers
+        .iter()
+        .map(|(waiter, ms)| format!("{waiter}:{ms}"))
+        .collect();
+    format!(
+        "0|grants|{token},{queued},{}|{RW_LOCK_ID}",
+        readers.join(",")
+    )
+}
+
+/// The event that wakes a reader by name (its owner holds a read hold already).
+pub(crate) fn rw_wake(waiter: &str) -> String {
+    format!("0|name|{waiter}|{RW_LOCK_ID}")
+}
+
+/// Every time the hash holds, by name: the write end (`"e"`), each read line's end (`"s
+/// <owner>"`) and each queue line's last column, the time its waiter is known alive until
+/// (`"q <waiter>"`). Empty when the key holds no hash.
+fn hash_times(server: &RedisServer) -> BTreeMap<String, i64> {
+    let mut times = BTreeMap::new();
+    if server.cmd(&["TYPE", RW_HOLD]).as_str().as_deref() != Some("hash") {
+        return times;
+    }
+    let fields = server.cmd(&["HMGET", RW_HOLD, "e", "s", "q"]).as_array();
+    let [e, s, q] = [0, 1, 2].map(|i| fields[i].as_str().unwrap_or_default());
+    if let Ok(e) = e.parse() {
+        times.insert("e".to_owned(), e);
+    }
+    for (text, prefix, at) in [(&s, "s", 3), (&q, "q", 5)] {
+        for line in text.lines() {
+            let columns: Vec<&str> = line.split(' ').collect();
+            assert_eq!(columns.len(), 6, "a line of six columns in {prefix}: {line:?}");
+            let time = columns[at]
+                .parse()
+                .unwrap_or_else(|e| panic!("the time in {prefix} line {line:?}: {e}"));
+            times.insert(format!("{prefix} {}", columns[0]), time);
+        }
+    }
+    times
+}
+
+/// The read-write scripts as `src/scripts.rs` composes them (check prelude, FENCE, NOTIFY,
+/// HOLD, RW), run with `EVAL` on [`RW_KEYS`] in one notification mode.
+///
+/// Every call goes through [`Rw::eval`], which reads the server clock before and after it (its
+/// [`Span`]) and notes, for each time in the hash that the call changed (the write end, a read
+/// line's end, a queue line's alive time), that span: a test then states the duration it
+/// expects ([`Rw::write_end`], [`Rw::reader`], [`Rw::queued`]) and the harness checks the
+/// time against the clock of the call that wrote it.
+pub(crate) struct Rw<'a> {
+    pub(crate) server: &'a RedisServer,
+    pub(crate) mode: &'static str,
+    acquire: String,
+    release: String,
+    leave: String,
+    force: String,
+    heartbeat: String,
+    renew: String,
+    inspect: String,
+    /// The span of the last call.
+    span: Cell<Span>,
+    /// The span of the call that last changed each time of the hash ([`hash_times`]).
+    stamps: RefCell<BTreeMap<String, Span>>,
+}
+
+impl<'a> Rw<'a> {
+    pub(crate) fn new(server: &'a RedisServer, mode: &'static str) -> Self {
+        let script = |source: &str| composed(&[FENCE_LIB, NOTIFY_LIB, HOLD_LIB, RW_LIB], source);
+        Rw {
+            server,
+            mode,
+            acquire: script(include_str!("../../lua/rw_acquire.lua")),
+            release: script(include_str!("../../lua/rw_release.lua")),
+            leave: script(include_str!("../../lua/rw_leave.lua")),
+            force: script(include_str!("../../lua/rw_force_unlock.lua")),
+            heartbeat: script(include_str!("../../lua/rw_heartbeat.lua")),
+            renew: script(include_str!("../../lua/rw_renew.lua")),
+            inspect: script(include_str!("../../lua/rw_inspect.lua")),
+            span: Cell::new(Span::default()),
+            stamps: RefCell::new(BTreeMap::new()),
+        }
+    }
+
+    /// One script call with `EVAL`; notes its span, and the times of the hash it changed.
+    fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Resp {
+        let before = hash_times(self.server);
+        let count = keys.len().to_string();
+        let mut command = vec!["EVAL", script, &count];
+        command.extend(keys);
+        command.extend(args);
+        let from = self.clock_ms();
+        let reply = self.server.cmd(&command);
+        let span = Span {
+            from,
+            to: self.clock_ms(),
+        };
+        self.span.set(span);
+        let mut stamps = self.stamps.borrow_mut();
+        for (name, time) in hash_times(self.server) {
+            if before.get(&name) != Some(&time) {
+                stamps.insert(name, span);
+            }
+        }
+        reply
+    }
+
+    /// `rw_acquire` with the fence argument `fence_arg`; the raw reply.
+    pub(crate) fn attempt(&self, bid: Bid, fence_arg: &str) -> Resp {
+        let (lease, waiter_lease) = (bid.lease.to_string(), bid.waiter_lease.to_string());
+        let (inbox_tag, window) = (tag(bid.client), WINDOW.to_string());
+        self.eval(
+            &self.acquire,
+            &RW_KEYS,
+            &[
+                bid.owner,
+                &lease,
+                bid.op,
+                bid.waiter,
+                &waiter_lease,
+                self.mode,
+                "1000",
+                RW_LOCK_ID,
+                bid.side.name(),
+                &inbox_tag,
+                &window,
+                fence_arg,
+            ],
+        )
+    }
+
+    /// `rw_acquire` that may create the fence key (as after the layout check).
+    pub(crate) fn acquire(&self, bid: Bid) -> Vec<i64> {
+        ints(self.attempt(bid, &fence_arg(true)))
+    }
+
+    /// `rw_release`, naming `heir` = (owner, waiter id) the successor of a take-over (its
+    /// client's inbox tag its owner's, its lease [`SUCCESSOR_LEASE`], its waiter lease
+    /// [`WAITER_LEASE`]) if given; the raw reply. With no successor, its arguments are passed
+    /// as the client passes them ("", "", 0, 0, "", "").
+    pub(crate) fn release_raw(
+        &self,
+        side: Side,
+        owner: &str,
+        token: i64,
+        op: &str,
+        all: bool,
+        heir: Option<(&str, &str)>,
+    ) -> Resp {
+        let (token, window) = (token.to_string(), WINDOW.to_string());
+        let (successor, waiter) = heir.unwrap_or(("", ""));
+        let (lease, inbox_tag, queues) = match heir {
+            Some((owner, _)) => (
+                SUCCESSOR_LEASE.to_string(),
+                tag(owner),
+                WAITER_LEASE.to_string(),
+            ),
+            None => ("0".to_owned(), String::new(), String::new()),
+        };
+        self.eval(
+            &self.release,
+            &RW_KEYS,
+            &[
+                owner,
+                &token,
+                op,
+                if all { "1" } else { "0" },
+                &window,
+                self.mode,
+                "1000",
+                RW_LOCK_ID,
+                side.name(),
+                successor,
+                waiter,
+                &lease,
+                "0",
+                &inbox_tag,
+                &queues,
+            ],
+        )
+    }
+
+    /// `rw_release` of one level of `owner`'s hold of `side`.
+    pub(crate) fn release(&self, side: Side, owner: &str, token: i64, op: &str) -> Vec<i64> {
+        ints(self.release_raw(side, owner, token, op, false, None))
+    }
+
+    /// `rw_release` of every level of `owner`'s hold of `side`.
+    pub(crate) fn release_all(&self, side: Side, owner: &str, token: i64, op: &str) -> Vec<i64> {
+        ints(self.release_raw(side, owner, token, op, true, None))
+    }
+
+    /// `rw_release` of one level of `owner`'s write hold, taken over by `heir` = (owner,
+    /// waiter id).
+    pub(crate) fn take_over(
+        &self,
+        owner: &str,
+        token: i64,
+        op: &str,
+        heir: (&str, &str),
+    ) -> Vec<i64> {
+        ints(self.release_raw(Side::Write, owner, token, op, false, Some(heir)))
+    }
+
+    /// `rw_leave` of `waiter`; the raw reply.
+    pub(crate) fn leave_raw(&self, waiter: &str) -> Resp {
+        let window = WINDOW.to_string();
+        self.eval(
+            &self.leave,
+            &RW_KEYS,
+            &["", "", "", waiter, &window, self.mode, "1000", RW_LOCK_ID],
+        )
+    }
+
+    pub(crate) fn leave(&self, waiter: &str) -> Vec<i64> {
+        ints(self.leave_raw(waiter))
+    }
+
+    /// `rw_force_unlock`; the raw reply.
+    pub(crate) fn force_raw(&self) -> Resp {
+        let window = WINDOW.to_string();
+        self.eval(
+            &self.force,
+            &RW_KEYS,
+            &["", "", "", "", &window, self.mode, "1000", RW_LOCK_ID],
+        )
+    }
+
+    pub(crate) fn force_unlock(&self) -> Vec<i64> {
+        ints(self.force_raw())
+    }
+
+    /// `rw_heartbeat` (a batch) with the waiter lease `waiter_lease`: for each (hold key,
+    /// waiter ids) of `locks`, the key in KEYS and the count and the ids in ARGV; the raw
+    /// reply.
+    pub(crate) fn heartbeat_raw(&self, waiter_lease: i64, locks: &[(&str, &[&str])]) -> Resp {
+        let keys: Vec<&str> = locks.iter().map(|(hold, _)| *hold).collect();
+        let counts: Vec<String> = locks.iter().map(|(_, ids)| ids.len().to_string()).collect();
+        let waiter_lease = waiter_lease.to_string();
+        let mut args = vec![waiter_lease.as_str()];
+        for ((_, ids), count) in locks.iter().zip(&counts) {
+            args.push(count.as_str());
+            args.extend(ids.iter().copied());
+        }
+        self.eval(&self.heartbeat, &keys, &args)
+    }
+
+    /// `rw_heartbeat` of `ids` on [`RW_HOLD`], with the waiter lease [`WAITER_LEASE`].
+    pub(crate) fn heartbeat(&self, ids: &[&str]) -> Vec<i64> {
+        ints(self.heartbeat_raw(WAITER_LEASE, &[(RW_HOLD, ids)]))
+    }
+
+    /// `rw_renew` (a batch) with `lease`: for each (hold key, side, owner, token) of `holds`,
+    /// the key in KEYS and its group in ARGV; the raw reply.
+    pub(crate) fn renew_raw(&self, lease: i64, holds: &[(&str, Side, &str, i64)]) -> Resp {
+        let keys: Vec<&str> = holds.iter().map(|(hold, ..)| *hold).collect();
+        let tokens: Vec<String> = holds.iter().map(|(.., t)| t.to_string()).collect();
+        let lease = lease.to_string();
+        let mut args = vec![lease.as_str()];
+        for ((_, side, owner, _), token) in holds.iter().zip(&tokens) {
+            args.extend([side.name(), owner, token.as_str()]);
+        }
+        self.eval(&self.renew, &keys, &args)
+    }
+
+    /// `rw_renew` of holds of [`RW_HOLD`]: (side, owner, token) each.
+    pub(crate) fn renew(&self, lease: i64, holds: &[(Side, &str, i64)]) -> Vec<i64> {
+        let holds: Vec<(&str, Side, &str, i64)> = holds
+            .iter()
+            .map(|&(side, owner, token)| (RW_HOLD, side, owner, token))
+            .collect();
+        ints(self.renew_raw(lease, &holds))
+    }
+
+    /// `rw_inspect`; the raw reply.
+    pub(crate) fn inspect_raw(&self) -> Resp {
+        self.eval(&self.inspect, &[RW_HOLD], &[])
+    }
+
+    pub(crate) fn inspect(&self) -> Vec<i64> {
+        ints(self.inspect_raw())
+    }
+
+    /// The span of the last call.
+    pub(crate) fn span(&self) -> Span {
+        self.span.get()
+    }
+
+    /// The server clock in µs.
+    pub(crate) fn clock(&self) -> i64 {
+        server_micros(self.server)
+    }
+
+    pub(crate) fn clock_ms(&self) -> i64 {
+        self.clock().div_euclid(1000)
+    }
+
+    /// The hash, every field (panics on an unknown field).
+    pub(crate) fn hash(&self) -> RwHash {
+        let items = self.server.cmd(&["HGETALL", RW_HOLD]).as_array();
+        let mut fields: BTreeMap<String, String> = items
+            .chunks(2)
+            .map(|pair| {
+                (
+                    pair[0].as_str().expect("a field name"),
+                    pair[1].as_str().expect("a field value"),
+                )
+            })
+            .collect();
+        let mut take = |name: &str| fields.remove(name);
+        let hash = RwHash {
+            o: take("o"),
+            c: take("c"),
+            f: take("f"),
+            l: take("l"),
+            r: take("r"),
+            x: take("x"),
+            q: take("q"),
+            g: take("g"),
+            e: take("e"),
+            s: take("s"),
+        };
+        assert!(fields.is_empty(), "unknown fields in the hash: {fields:?}");
+        hash
+    }
+
+    pub(crate) fn assert_hash(&self, expected: &RwHash, what: &str) {
+        assert_eq!(&self.hash(), expected, "{what}");
+    }
+
+    /// The hash's token (field `f`).
+    pub(crate) fn token(&self) -> i64 {
+        let f = self.hash().f.expect("the hash's token");
+        f.parse()
+            .unwrap_or_else(|e| panic!("the hash's token {f:?}: {e}"))
+    }
+
+    /// Sets the token `f` [`AHEAD`] of the server clock (the other fields and the ttl kept) and
+    /// returns it: the next write token drawn from the hash is exactly one above it.
+    pub(crate) fn push_ahead(&self) -> i64 {
+        let token = self.clock() + AHEAD;
+        let ttl = self.pttl();
+        self.server.cmd(&["HSET", RW_HOLD, "f", &token.to_string()]);
+        assert!(self.pttl() <= ttl, "HSET changed the hash's ttl");
+        token
+    }
+
+    /// The hash's remaining time in ms.
+    pub(crate) fn pttl(&self) -> i64 {
+        self.server.cmd(&["PTTL", RW_HOLD]).as_int()
+    }
+
+    /// The time `name` of the hash ([`hash_times`]), asserted to be `ms` after the clock of the
+    /// call that last wrote it.
+    fn stamped(&self, name: &str, ms: i64) -> i64 {
+        let time = *hash_times(self.server)
+            .get(name)
+            .unwrap_or_else(|| panic!("the hash holds no time {name:?}"));
+        let span = *self
+            .stamps
+            .borrow()
+            .get(name)
+            .unwrap_or_else(|| panic!("no call wrote {name:?}"));
+        span.shifted(ms)
+            .assert_contains(time, &format!("{name}, {ms} ms after its call"));
+        time
+    }
+
+    /// The write hold's end `e`, asserted to be `lease` ms after the clock of the call that
+    /// set it.
+    pub(crate) fn write_end(&self, lease: i64) -> i64 {
+        self.stamped("e", lease)
+    }
+
+    /// The end of `owner`'s read line, asserted to be `lease` ms after the clock of the call
+    /// that set it.
+    pub(crate) fn read_end(&self, owner: &str, lease: i64) -> i64 {
+        self.stamped(&format!("s {owner}"), lease)
+    }
+
+    /// `owner`'s read line as it must be: its count, token, op and waiter column, and its end
+    /// `lease` ms after the clock of the call that set it ([`Rw::read_end`]).
+    pub(crate) fn reader(
+        &self,
+        owner: &str,
+        count: i64,
+        token: i64,
+        lease: i64,
+        op: &str,
+        waiter: &str,
+    ) -> String {
+        let ends = self.read_end(owner, lease);
+        format!("{owner} {count} {token} {ends} {op} {waiter}\n")
+    }
+
+    /// The queue line of `bid`'s waiter as it must be: waiter id, inbox tag, owner, lease,
+    /// grant ms, and the time its waiter is known alive until, one waiter lease after the clock
+    /// of the call that queued it (or of the heartbeat that moved it on).
+    pub(crate) fn queued(&self, bid: Bid) -> String {
+        let alive = self.stamped(&format!("q {}", bid.waiter), bid.waiter_lease);
+        format!(
+            "{} {} {} {} {} {alive}\n",
+            bid.waiter,
+            tag(bid.client),
+            bid.owner,
+            bid.lease,
+            bid.grant_ms()
+        )
+    }
+
+    /// The latest end of the hash's holds (the write end and every read line's), if any.
+    pub(crate) fn latest_end(&self) -> Option<i64> {
+        hash_times(self.server)
+            .into_iter()
+            .filter(|(name, _)| !name.starts_with('q'))
+            .map(|(_, time)| time)
+            .max()
+    }
+
+    /// Asserts that the hash expires at `at` (server ms, within [`EXPIRY_SLACK`]).
+    pub(crate) fn assert_expires(&self, at: Span, what: &str) {
+        let before = self.clock_ms();
+        let pttl = self.pttl();
+        let after = self.clock_ms();
+        assert!(pttl > 0, "{what}: ttl {pttl}");
+        assert!(
+            before + pttl <= at.to + EXPIRY_SLACK && after + pttl + 1 >= at.from - EXPIRY_SLACK,
+            "{what}: expires {pttl} ms after {before}..={after}, not at {}..={}",
+            at.from,
+            at.to
+        );
+    }
+
+    /// Asserts that the hash expires with its latest hold ([`Rw::latest_end`]).
+    pub(crate) fn assert_lasts_as_its_holds(&self, what: &str) {
+        let end = self
+            .latest_end()
+            .unwrap_or_else(|| panic!("{what}: no hold"));
+        self.assert_expires(Span { from: end, to: end }, what);
+    }
+
+    /// Asserts that the hash expires the retry window after the last call (what a call that
+    /// leaves no hold sets: a tombstone).
+    pub(crate) fn assert_lasts_the_window(&self, what: &str) {
+        self.assert_expires(self.span().shifted(WINDOW), what);
+    }
+
+    /// Asserts that `reply` is the busy reply of the last call: `{0, bound, token}`, the bound
+    /// counting down to `until` (server ms) from the call's clock.
+    pub(crate) fn assert_busy(&self, reply: &[i64], until: i64, token: i64, what: &str) {
+        assert_eq!(reply.len(), 3, "{what}: {reply:?}");
+        assert_eq!((reply[0], reply[2]), (0, token), "{what}: {reply:?}");
+        self.span()
+            .assert_contains(until - reply[1], &format!("{what}: the bound's start"));
+    }
+
+    /// Asserts that `reply` answers an acquisition that a release granted the hold already:
+    /// `{1, token, count, remaining}`, remaining counting down to `until` from the call's clock.
+    pub(crate) fn assert_granted_already(
+        &self,
+        reply: &[i64],
+        token: i64,
+        count: i64,
+        until: i64,
+        what: &str,
+    ) {
+        assert_eq!(reply.len(), 4, "{what}: {reply:?}");
+        assert_eq!(reply[..3], [1, token, count], "{what}: {reply:?}");
+        self.span()
+            .assert_contains(until - reply[3], &format!("{what}: the remaining time's start"));
+    }
+
+    /// Every event in the inbox stream of `client`, oldest first.
+    pub(crate) fn inbox_events(&self, client: &str) -> Vec<String> {
+        inbox_events(self.server, client)
+    }
+
+    /// Runs `inbox_keep` for the inboxes of `clients`, as their readers do.
+    pub(crate) fn open_inboxes(&self, clients: &[&str]) {
+        open_inboxes(self.server, clients);
+    }
+
+    /// The value of every key the read-write scripts may touch, and of `more`.
+    pub(crate) fn dump(&self, more: &[&str]) -> Vec<Option<Vec<u8>>> {
+        let mut keys = RW_KEYS.to_vec();
+        keys.push(SEQ);
+        keys.extend(more);
+        dump_keys(self.server, &keys)
+    }
+
+    /// Asserts that no call created a key it has no business with: the unused marker position
+    /// and the shard's event stream and counter (events go to inboxes only).
+    pub(crate) fn assert_no_stray_keys(&self) {
+        for key in [RW_MARKER, EVENTS, SEQ] {
+            assert!(!exists(self.server, key), "{key} was created");
+        }
+    }
 }
