@@ -31,8 +31,9 @@
 --           the lock's f when the owner's read hold began),
 --         {1, fencing token, hold count, remaining ms} when a release had already granted
 --           the hold to this acquisition (its event has not been read yet),
---         {0, bound ms, fencing token} when it must wait: the latest end of the holds in its
---           way, which it looks again after (event or not), and the lock's f,
+--         {0, bound ms, mark} when it must wait: the latest end of the lock's live holds,
+--           which it looks again after (event or not), and the server clock in us (a grant
+--           stamped above it was made after this reply, lib/rw.lua),
 --         {-2} when the owner holds a read hold and asked for a write hold,
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
 --         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold or the fence
@@ -164,4 +165,4 @@ local bound = fl_rw_last(state) - now_ms
 if bound < 1 then
   bound = math.max(waiter_lease, 1000)
 end
-return {0, bound, tonumber(fields[3]) or 0}
+return {0, bound, now_us}

@@ -10,7 +10,8 @@
 -- ARGV[5] window   the retry window in ms: the ttl of a lock left with no hold
 -- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
 --
--- Returns {1} when a hold was removed, {0} when the lock had none,
+-- Returns {1} when a hold was removed, {0} when the lock had no live hold (waiters queued
+--         behind lapsed holds are granted the lock all the same),
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
 local hold, events = KEYS[1], KEYS[4]
 local window, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
@@ -19,15 +20,17 @@ local fields = fl_rw_read(hold)
 local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
 local state = fl_rw_state(fields, now_ms, '')
-if not state.writer and state.readers == 0 then
+local removed = (state.writer or state.readers > 0) and 1 or 0
+local q = fields[7] or ''
+if removed == 0 and q == '' then
   return {0}
 end
 state.writer, state.ends, state.others, state.last, state.readers = false, 0, '', 0, 0
 redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '', 's', '')
-local q = fields[7] or ''
+-- The queue gets its turn, also when only lapsed holds were in its way.
 local granted = q ~= '' and fl_rw_grant(hold, fields[3], q, state, now_us, fields[6] or '',
   events, mode, lock_id, nil, window)
 if not granted then
   fl_rw_keep(hold, state, now_ms, window)
 end
-return {1}
+return {removed}

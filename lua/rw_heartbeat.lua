@@ -13,15 +13,23 @@
 -- ARGV[1] waiter-lease  ms: each queued waiter of the call is known alive this long from now
 -- ARGV             then for each lock i: the number n of waiter ids, then the n waiter ids
 --
--- Returns one code per waiter id, in order: 1 queued (its time moved on), or granted a hold
--- (the write hold's g, or a read hold line's waiter column, is its id); 0 neither (it must try
--- again); a WRONGTYPE error (and no change) when a hold key holds a foreign value (each key is
+-- Returns one code per waiter id, in order: 1 queued (its time moved on), or granted a live
+-- hold (the live write hold's g, or a live read hold line's waiter column, is its id); 0
+-- neither (it must try again); a WRONGTYPE error (and no change) when a hold key holds a foreign value (each key is
 -- read with HMGET before it is written).
-local alive_until = math.floor(fl_now_us() / 1000) + tonumber(ARGV[1])
+local now_ms = math.floor(fl_now_us() / 1000)
+local alive_until = now_ms + tonumber(ARGV[1])
+-- Every hash is read (a typed read) before any is written: a foreign value under any key of
+-- the batch fails the whole call before it changes anything.
+local all = {}
+for i, hold in ipairs(KEYS) do
+  all[i] = fl_rw_read(hold)
+end
 local codes = {}
 local arg = 2
-for _, hold in ipairs(KEYS) do
-  local fields = fl_rw_read(hold)
+for i, hold in ipairs(KEYS) do
+  local fields = all[i]
+  local state = fl_rw_state(fields, now_ms, '')
   local q = fields[7] or ''
   local moved = q
   local n = tonumber(ARGV[arg])
@@ -36,8 +44,7 @@ for _, hold in ipairs(KEYS) do
       moved = string.sub(moved, 1, from - 1) .. string.format('%s%.0f\n', head, alive_until) ..
         string.sub(moved, to + 1)
       codes[#codes + 1] = 1
-    elseif (fields[1] and fields[8] == id) or
-        (fields[10] and fl_find_word(fields[10], id, 32, 10)) then
+    elseif (state.writer and fields[8] == id) or fl_find_word(state.others, id, 32, 10) then
       codes[#codes + 1] = 1
     else
       codes[#codes + 1] = 0

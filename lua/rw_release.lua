@@ -33,8 +33,8 @@
 --         {1, 0, token, queued} when the write hold was handed to the successor with this
 --           fencing token (also when this call is a retry of a release that did so); queued
 --           is 1 when waiters stay queued behind it, else 0,
---         {2, bound ms, token} when the lock went to the queue and the successor joined the
---           queue: the latest end of the holds granted and the lock's token, as in
+--         {2, bound ms, mark} when the lock went to the queue and the successor joined the
+--           queue: the latest end of the lock's live holds and the server clock in us, as in
 --           rw_acquire's busy reply (also to a retry, while the successor is queued),
 --         {0, 0} when the hold is not there (expired or released),
 --         {-1, 0} when the owner's hold carries another token (a newer hold of this owner),
@@ -56,9 +56,9 @@ local now_ms = math.floor(now_us / 1000)
 local state = fl_rw_state(fields, now_ms, owner)
 local q = fields[7] or ''
 
--- The bound and token of a busy reply, for a successor that queued.
+-- The bound and mark of a busy reply, for a successor that queued.
 local function queued_reply()
-  return {2, math.max(fl_rw_last(state) - now_ms, 1), tonumber(state.token or fields[3])}
+  return {2, math.max(fl_rw_last(state) - now_ms, 1), now_us}
 end
 
 -- Frees what is left once the hold is gone: grants the queue its turn if it may have it, else

@@ -15,10 +15,16 @@
 --   foreign value.
 local lease = tonumber(ARGV[1])
 local now_ms = math.floor(fl_now_us() / 1000)
+-- Every hash is read (a typed read) before any is written: a foreign value under any key of
+-- the batch fails the whole call before it changes anything.
+local all = {}
+for i, hold in ipairs(KEYS) do
+  all[i] = fl_rw_read(hold)
+end
 local codes = {}
 for i, hold in ipairs(KEYS) do
   local side, owner, token = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
-  local fields = fl_rw_read(hold)
+  local fields = all[i]
   local state = fl_rw_state(fields, now_ms, owner)
   local code
   if side == 'write' then

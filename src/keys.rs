@@ -17,7 +17,7 @@
 //!                                    waiters
 //! ```
 //!
-//! The role (`mutex`, `mutex.fence`, ...) always stands before the name, so no lock name can
+//! The role (`mutex`, `rw.wait`, ...) always stands before the name, so no lock name can
 //! produce another lock's key, and braces inside a name are harmless: Redis takes the hash tag
 //! from the first `{...}`, which is always ours.
 

@@ -315,7 +315,8 @@ impl ScriptArgs {
         ScriptArgs(vec![Value::from(""); Self::CALL])
     }
 
-    /// `queue_leave`: only a waiter id, at the position of an acquisition's waiter id.
+    /// `hold_leave`, `rw_leave`: only a waiter id, at the position of an acquisition's waiter
+    /// id.
     pub(crate) fn leave(waiter: &str) -> Self {
         let mut args = Self::no_call();
         args.0[3] = waiter.into();
@@ -340,8 +341,7 @@ impl ScriptArgs {
         self
     }
 
-    /// The read-write side (`"read"`/`"write"`) or the queue kind (`"fair"`/`"rw"`), right
-    /// after the event arguments.
+    /// The read-write side (`"read"`/`"write"`), right after the event arguments.
     pub(crate) fn kind(mut self, kind: &'static str) -> Self {
         debug_assert_eq!(self.0.len() + 1, Self::KIND, "side or kind");
         self.0.push(kind.into());

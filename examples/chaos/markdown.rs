@@ -72,9 +72,9 @@ const LOSS_METRICS: &str = "\
 /// Shown when `RwLock` writers waited out a lease although no holder died.
 const RW_WAKEUP_NOTE: &str = "\
 * **Unexpected `RwLock` write waits (liveness, not safety)**: writers waited out a lease \
-  although no holder died. A release names the writer at the head of the Redis queue (rule \
-  `name`) and a reader head gets one `chain` event that lists the readers Redis admits, so a \
-  waiter should not have to sleep out its wait bound here. Treat this as a regression and \
+  although no holder died. A release grants the lock to the writer at the head of the Redis \
+  queue (rule `grant`) or to the readers there (one `grants` event per client), so a waiter \
+  should not have to sleep out its wait bound here. Treat this as a regression and \
   look at the wake events (`RUST_LOG=fredlock=debug` in the workers).
 ";
 

@@ -7,18 +7,9 @@
 -- value someone else planted under one of the lock's keys is never changed or deleted.
 --
 -- fl_expect(key, kind)                 raises WRONGTYPE unless key is missing or of type kind
--- fl_expect_events(events, seq, mode)  the shard's event stream (Stream mode only: in Pub/Sub
---                                      modes `events` names a channel, not a key) and counter
 local function fl_expect(key, kind)
   local found = redis.call('TYPE', key).ok
   if found ~= 'none' and found ~= kind then
     error('WRONGTYPE fredlock key ' .. key .. ' holds a ' .. found .. ', expected a ' .. kind)
   end
-end
-
-local function fl_expect_events(events, seq, mode)
-  if mode == 'stream' or mode == 'stream6' then
-    fl_expect(events, 'stream')
-  end
-  fl_expect(seq, 'string')
 end

@@ -1,5 +1,6 @@
--- hold.lua: library prelude for the exclusive locks (barging and fair), prepended by
--- src/scripts.rs. Not a script of its own.
+-- hold.lua: library prelude for the exclusive locks (barging and fair), whose hash it
+-- describes, prepended by src/scripts.rs; the read-write lock's scripts use its functions too
+-- (lib/rw.lua, whose hash has these fields and more). Not a script of its own.
 --
 -- One hash per lock (KEYS[1], the hold) is the lock's whole state, so that the hot paths read
 -- it with one HMGET and write it with one HSET (and one PEXPIRE):
@@ -110,6 +111,9 @@ local function fl_freed_chain(op, older, limit)
 end
 
 local function fl_find_word(text, word, before, after)
+  if word == '' then
+    return nil
+  end
   local from = 1
   while true do
     local at, last = string.find(text, word, from, true)

@@ -1,24 +1,17 @@
--- notify.lua: library prelude, prepended by src/scripts.rs to every script that emits a
--- release event. It is not a script of its own.
+-- notify.lua: library prelude, prepended by src/scripts.rs to every script that sends an event
+-- to a waiting client. It is not a script of its own.
 --
--- fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
---   events_key  the shard's stream (modes "stream" and "stream6") or channel (the other
---               modes)
---   seq_key     the shard's event counter; every event carries the next value so a reader
---               can tell when it missed one (trimmed stream, dropped pub/sub message)
---   mode        "stream" | "stream6" (Stream mode on Redis 6.2+, which has XADD NOMKSTREAM) |
---               "pubsub" | "spubsub" (Redis Cluster 7+) | "bpubsub" (a cluster before Redis 7,
---               where PUBLISH is broadcast to every node)
---   maxlen      approximate stream cap (XADD MAXLEN ~), ignored for pub/sub
---   lock_id     "<kind>:<name>", the key of the readers' local waiter queue
---   rule        wake rule for the readers: "one" | "name" | "chain" | "all"
---   target      for rule "name": the id of the only waiter to wake; for rule "chain" (read-write
---               lock): the ids of the readers to wake joined by ",", or "*" for every reader
---               of the lock (see fl_rw_announce in lib/rw.lua); "" otherwise. Never contains
---               "|" (the event's separator); waiter ids never contain "," or "|"
--- The event is one string "seq|rule|target|lock_id" (the lock id last: it may contain "|"):
--- the only field, "e", of a stream entry, or the pub/sub message.
--- Returns nothing. Uses INCR, XADD MAXLEN ~, PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
+-- Every event goes to the inbox of the one client whose waiters it concerns. An event is one
+-- string "seq|rule|target|lock_id" (the lock id last: it may contain "|"): the only field, "e",
+-- of a stream entry, or the pub/sub message; seq is 0 (an inbox is not numbered), rule and
+-- target are one of (src/notify/event.rs):
+--   grant|<waiter>,<token>,<grant ms>,<queued>     a release granted an exclusive or write hold
+--   grants|<token>,<stamp>,<queued>,<waiter>:<grant ms>,...   a wave of read holds (lib/rw.lua)
+--   name|<waiter>                                  a waiter to wake (it asks Redis itself)
+-- mode is "stream" | "stream6" (Stream mode on Redis 6.2+, which has XADD NOMKSTREAM) |
+-- "pubsub" | "spubsub" (Redis Cluster 7+) | "bpubsub" (a cluster before Redis 7, where PUBLISH
+-- is broadcast to every node). Uses EXISTS, XADD MAXLEN ~, XADD NOMKSTREAM (6.2+ only),
+-- PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
 --
 -- fl_emit_to(inbox, mode, payload) -> true when the client of that inbox is there to hear it
 --   An event for ONE client: into its inbox "<events key>:to:<inbox tag>" (same hash tag as
@@ -31,20 +24,6 @@
 --   publish must reach a subscriber, except in a cluster before Redis 7 ("bpubsub"), whose
 --   PUBLISH count covers one node only: there every client counts as there.
 --
-local function fl_emit(events_key, seq_key, mode, maxlen, lock_id, rule, target)
-  local seq = redis.call('INCR', seq_key)
-  local payload = seq .. '|' .. rule .. '|' .. target .. '|' .. lock_id
-  if mode == 'stream' or mode == 'stream6' then
-    redis.call('XADD', events_key, 'MAXLEN', '~', maxlen, '*', 'e', payload)
-  else
-    if mode == 'spubsub' then
-      redis.call('SPUBLISH', events_key, payload)
-    else
-      redis.call('PUBLISH', events_key, payload)
-    end
-  end
-end
-
 local function fl_emit_to(inbox, mode, payload)
   if mode == 'stream6' then
     local added = redis.pcall('XADD', inbox, 'NOMKSTREAM', 'MAXLEN', '~', 100, '*', 'e', payload)

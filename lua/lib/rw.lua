@@ -24,7 +24,9 @@
 -- it: a writer that died waiting must not keep new readers out while readers hold the lock.
 -- A writer at the head of the queue is granted the lock alone, once no read hold is left; the
 -- readers at the head, up to the first writer, are granted read holds together (a wave), with
--- one event per client: "0|grants|<token>,<queued>,<waiter>:<grant ms>,...|<lock id>". A reader
+-- one event per client: "0|grants|<token>,<stamp>,<queued>,<waiter>:<grant ms>,...|<lock id>"
+-- (stamp: the server clock in us at the grant, above the mark of every busy reply the readers
+-- got before it, as a granted write token is: src/notify/event.rs). A reader
 -- whose owner holds a read hold already is not granted a second one: it is woken by name and
 -- re-enters by its own call (one line per owner keeps one count, which a retried grant could
 -- not tell apart from a re-entry).
@@ -218,6 +220,7 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
   end
   local left = string.sub(q, at) .. (tail or '')
   local queued = left ~= '' and 1 or 0
+  local others_before, last_before = state.others, state.last
   state.others = state.others .. table.concat(lines)
   for _, reader in ipairs(wave) do
     if reader[5] > state.last then
@@ -240,9 +243,9 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     local list = by_inbox[inbox]
     list[#list + 1] = reader[2] .. ':' .. reader[3]
   end
-  local gone = {}
+  local gone, stamp = {}, string.format('%.0f', now_us)
   for _, inbox in ipairs(order) do
-    local payload = '0|grants|' .. token .. ',' .. queued .. ',' ..
+    local payload = '0|grants|' .. token .. ',' .. stamp .. ',' .. queued .. ',' ..
       table.concat(by_inbox[inbox], ',') .. '|' .. lock_id
     if not fl_emit_to(events .. ':to:' .. inbox, mode, payload) then
       gone[inbox] = true
@@ -254,15 +257,17 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
   if next(gone) then
     -- Read holds granted to clients that are gone: taken back (their lines dropped).
     local kept = {}
+    state.last = last_before
     for _, reader in ipairs(wave) do
       if not gone[reader[1]] then
         kept[#kept + 1] = fl_rw_line(reader[4], 1, token, reader[5], reader[2], reader[2])
+        state.last = math.max(state.last, reader[5])
       end
     end
-    local before = #state.others - #table.concat(lines)
-    state.others = string.sub(state.others, 1, before) .. table.concat(kept)
+    state.others = others_before .. table.concat(kept)
     state.readers = state.readers - #wave + #kept
     redis.call('HSET', hold, 's', fl_rw_readers(state))
+    fl_rw_keep(hold, state, now_ms, window)
     if #kept == 0 and state.readers == 0 then
       -- Nobody of the wave was there: the next in line.
       return fl_rw_grant(hold, f, left, state, now_us, x, events, mode, lock_id, nil, window)

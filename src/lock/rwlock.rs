@@ -27,17 +27,19 @@ use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// A distributed read-write lock (Redisson's `RReadWriteLock`, done with fair hand-offs).
 ///
-/// **Ordering.** Many readers or one writer. Waiters of both kinds queue in Redis in arrival
-/// order. A writer gets the lock when it is free and the writer is first in the queue. A reader
-/// gets it when no writer holds it and no live writer is queued ahead of it: so once a writer
-/// waits, new readers queue behind it and the writer cannot starve. A waiting writer whose
-/// process died is dropped within [`Config::waiter_lease`](crate::Config::waiter_lease).
+/// **Ordering.** Many readers or one writer, fair: waiters of both kinds queue in Redis in
+/// arrival order. A writer gets the lock when no hold is left and it is first in the queue. A
+/// reader gets it when no writer holds it and no live writer is queued: so once a writer waits,
+/// new readers queue behind it and the writer cannot starve. A waiting writer whose process
+/// died is dropped within [`Config::waiter_lease`](crate::Config::waiter_lease).
 ///
-/// **Wakeups.** A write release (and the write half of a downgrade) and the release of the last
-/// read hold each emit one event. A writer at the head of the Redis queue is named and only it
-/// wakes. A reader at the head makes the event list the readers that may go now (every live
-/// reader up to the first live writer in the Redis queue), and each process wakes exactly
-/// those of its waiters, whatever the order of its local queue.
+/// **Wakeups.** The release that frees the lock for the head of the queue grants it there: to
+/// the writer at the head alone, or to every reader up to the first writer at once (a wave),
+/// with one event into the inbox of each client concerned, and each process wakes exactly
+/// those of its waiters, holding the lock already, whatever the order of its local queue. The
+/// lock's whole state is one hash (`lua/lib/rw.lua`); a task that asks for the write hold right
+/// after releasing it takes its deferred release over, as on a
+/// [`FairMutex`](crate::FairMutex).
 ///
 /// **Re-entry, downgrade, no upgrade.** Bind the handle to an [`Owner`] to re-enter. A writer
 /// may take read holds (downgrade) and keep them after its write unlock. An owner holding a read

@@ -84,6 +84,9 @@ impl WakeRule {
                         token,
                         lasts_ms,
                         queued,
+                        // A granted write token is max(last + 1, server clock in µs): above the
+                        // mark of every busy reply that came before the grant.
+                        stamp: token,
                     },
                 )
             }
@@ -91,22 +94,26 @@ impl WakeRule {
         }
     }
 
-    /// A `grants` target: the token and queued flag, then `id:lasts_ms` per reader.
+    /// A `grants` target: the token, the grant's stamp and the queued flag, then
+    /// `id:lasts_ms` per reader.
     fn parse_grants(target: &str) -> WakeRule {
         let mut parts = target.split(ID_SEPARATOR);
-        let token = parts.next().and_then(|part| part.parse::<u64>().ok());
+        let mut number = || parts.next().and_then(|part| part.parse::<u64>().ok());
+        let numbers = number().zip(number());
         let queued = parts.next() == Some("1");
         let readers = parts
             .filter(|part| !part.is_empty())
             .map(|part| {
                 let (id, lasts) = part.split_once(GRANT_MS).unwrap_or((part, ""));
-                let granted = token
-                    .zip(lasts.parse::<u64>().ok())
-                    .map(|(token, lasts_ms)| Granted {
-                        token,
-                        lasts_ms,
-                        queued,
-                    });
+                let granted =
+                    numbers
+                        .zip(lasts.parse::<u64>().ok())
+                        .map(|((token, stamp), lasts_ms)| Granted {
+                            token,
+                            lasts_ms,
+                            queued,
+                            stamp,
+                        });
                 (id.to_owned(), granted)
             })
             .collect();
@@ -123,6 +130,11 @@ pub(crate) struct Granted {
     pub(crate) lasts_ms: u64,
     /// Other waiters stayed queued behind the grant.
     pub(crate) queued: bool,
+    /// Above the mark of every busy reply that the waiter got before the grant was made (the
+    /// token of a granted write hold; the server clock in µs when a wave of read holds, which
+    /// carry the lock's current token, was granted): a grant whose stamp is not above the
+    /// waiter's last busy reply may be older than it.
+    pub(crate) stamp: u64,
 }
 
 #[cfg(test)]
@@ -131,13 +143,16 @@ mod tests {
 
     #[test]
     fn grants_carry_one_token_and_each_readers_time() {
-        let event = Event::from_payload("0|grants|1795511510591024,1,rab.1:3000,rab.2:2500|rw:x|y")
-            .unwrap();
+        let event = Event::from_payload(
+            "0|grants|1795511510591024,1795511510599999,1,rab.1:3000,rab.2:2500|rw:x|y",
+        )
+        .unwrap();
         assert_eq!(event.lock_id, "rw:x|y");
         let granted = |lasts_ms| Granted {
             token: 1_795_511_510_591_024,
             lasts_ms,
             queued: true,
+            stamp: 1_795_511_510_599_999,
         };
         assert_eq!(
             event.rule,
@@ -147,7 +162,7 @@ mod tests {
             ])
         );
         assert_eq!(
-            WakeRule::parse("grants", "x,0,r1:3000,r2"),
+            WakeRule::parse("grants", "x,5,0,r1:3000,r2"),
             WakeRule::Grants(vec![("r1".into(), None), ("r2".into(), None)]),
             "readers whose grant does not parse are still woken"
         );
@@ -179,6 +194,7 @@ mod tests {
             token: 1_795_511_510_591_024,
             lasts_ms: 3_000,
             queued: true,
+            stamp: 1_795_511_510_591_024,
         };
         assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
         let event = Event::from_payload("0|grant|w1,1795511510591024,3000,0|mutex:a").unwrap();

@@ -15,9 +15,8 @@
 //! error or a reconnect wakes every local waiter to re-check at once. Finally every wait is
 //! bounded by the remaining lease the attempt reported, so even an event that never comes
 //! costs at most one lease. A woken waiter that is dropped before it could try passes its
-//! wakeup on to the next one, unless a `chain` event woke it: every other reader that may go
-//! was woken by the same event, and leaving the Redis queue (`queue_leave.lua`) announces the
-//! new head if the leaver was the head.
+//! wakeup on to the next one, and leaving the Redis queue (`hold_leave.lua`, `rw_leave.lua`)
+//! passes on a hold a release granted it meanwhile.
 //!
 //! ## What lives where
 //!

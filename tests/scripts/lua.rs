@@ -935,7 +935,12 @@ pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) ->
     format!("0|grant|{waiter},{token},{grant_ms},{queued}|{RW_LOCK_ID}")
 }
 
-/// The event that grants a wave of readers of one client: their waiter ids and grant ms.
+/// What [`Rw::inbox_events`] shows in place of the stamp of a `grants` event (the server clock
+/// in µs at the grant, which [`Rw::assert_stamped`] checks).
+pub(crate) const STAMP: &str = "<stamp>";
+
+/// The event that grants a wave of readers of one client: the token, the stamp (shown as
+/// [`STAMP`]), the queued flag, their waiter ids and grant ms.
 pub(crate) fn rw_grants(token: i64, queued: bool, readers: &[(&str, i64)]) -> String {
     let queued = u8::from(queued);
     let readers: Vec<String> = readers
@@ -943,9 +948,24 @@ pub(crate) fn rw_grants(token: i64, queued: bool, readers: &[(&str, i64)]) -> St
         .map(|(waiter, ms)| format!("{waiter}:{ms}"))
         .collect();
     format!(
-        "0|grants|{token},{queued},{}|{RW_LOCK_ID}",
+        "0|grants|{token},{STAMP},{queued},{}|{RW_LOCK_ID}",
         readers.join(",")
     )
+}
+
+/// The stamp of a `grants` event, and the event with [`STAMP`] in its place (other events as
+/// they are).
+fn split_stamp(event: &str) -> (Option<i64>, String) {
+    let Some(rest) = event.strip_prefix("0|grants|") else {
+        return (None, event.to_owned());
+    };
+    let columns: Vec<&str> = rest.splitn(3, ',').collect();
+    assert_eq!(columns.len(), 3, "a grants event: {event:?}");
+    let stamp = columns[1]
+        .parse()
+        .unwrap_or_else(|e| panic!("the stamp of {event:?}: {e}"));
+    let event = format!("0|grants|{},{STAMP},{}", columns[0], columns[2]);
+    (Some(stamp), event)
 }
 
 /// The event that wakes a reader by name (its owner holds a read hold already).
@@ -969,7 +989,11 @@ fn hash_times(server: &RedisServer) -> BTreeMap<String, i64> {
     for (text, prefix, at) in [(&s, "s", 3), (&q, "q", 5)] {
         for line in text.lines() {
             let columns: Vec<&str> = line.split(' ').collect();
-            assert_eq!(columns.len(), 6, "a line of six columns in {prefix}: {line:?}");
+            assert_eq!(
+                columns.len(),
+                6,
+                "a line of six columns in {prefix}: {line:?}"
+            );
             let time = columns[at]
                 .parse()
                 .unwrap_or_else(|e| panic!("the time in {prefix} line {line:?}: {e}"));
@@ -1336,7 +1360,13 @@ impl<'a> Rw<'a> {
     /// grant ms, and the time its waiter is known alive until, one waiter lease after the clock
     /// of the call that queued it (or of the heartbeat that moved it on).
     pub(crate) fn queued(&self, bid: Bid) -> String {
-        let alive = self.stamped(&format!("q {}", bid.waiter), bid.waiter_lease);
+        self.queued_alive(bid, bid.waiter_lease)
+    }
+
+    /// The queue line of `bid`'s waiter as [`Rw::queued`], its alive time `alive` ms after the
+    /// clock of the call that last set it (a heartbeat with another waiter lease).
+    pub(crate) fn queued_alive(&self, bid: Bid, alive: i64) -> String {
+        let alive = self.stamped(&format!("q {}", bid.waiter), alive);
         format!(
             "{} {} {} {} {} {alive}\n",
             bid.waiter,
@@ -1384,13 +1414,25 @@ impl<'a> Rw<'a> {
         self.assert_expires(self.span().shifted(WINDOW), what);
     }
 
-    /// Asserts that `reply` is the busy reply of the last call: `{0, bound, token}`, the bound
-    /// counting down to `until` (server ms) from the call's clock.
-    pub(crate) fn assert_busy(&self, reply: &[i64], until: i64, token: i64, what: &str) {
+    /// Asserts that `reply` is the busy reply of the last call: `{0, bound, mark}`, the bound
+    /// counting down to `until` (server ms) from the call's clock, the mark the server clock
+    /// (µs) during the call.
+    pub(crate) fn assert_busy(&self, reply: &[i64], until: i64, what: &str) {
+        self.assert_waits(reply, 0, until, what);
+    }
+
+    /// Asserts that `reply` is the reply of the last call, a take-over whose successor joined
+    /// the queue: `{2, bound, mark}`, as a busy reply ([`Rw::assert_busy`]).
+    pub(crate) fn assert_joined(&self, reply: &[i64], until: i64, what: &str) {
+        self.assert_waits(reply, 2, until, what);
+    }
+
+    fn assert_waits(&self, reply: &[i64], code: i64, until: i64, what: &str) {
         assert_eq!(reply.len(), 3, "{what}: {reply:?}");
-        assert_eq!((reply[0], reply[2]), (0, token), "{what}: {reply:?}");
-        self.span()
-            .assert_contains(until - reply[1], &format!("{what}: the bound's start"));
+        assert_eq!(reply[0], code, "{what}: {reply:?}");
+        let span = self.span();
+        span.assert_contains(until - reply[1], &format!("{what}: the bound's start"));
+        span.assert_contains(reply[2].div_euclid(1000), &format!("{what}: the mark"));
     }
 
     /// Asserts that `reply` answers an acquisition that a release granted the hold already:
@@ -1405,13 +1447,38 @@ impl<'a> Rw<'a> {
     ) {
         assert_eq!(reply.len(), 4, "{what}: {reply:?}");
         assert_eq!(reply[..3], [1, token, count], "{what}: {reply:?}");
-        self.span()
-            .assert_contains(until - reply[3], &format!("{what}: the remaining time's start"));
+        self.span().assert_contains(
+            until - reply[3],
+            &format!("{what}: the remaining time's start"),
+        );
     }
 
-    /// Every event in the inbox stream of `client`, oldest first.
+    /// Every event in the inbox stream of `client`, oldest first, the stamps of `grants` events
+    /// shown as [`STAMP`].
     pub(crate) fn inbox_events(&self, client: &str) -> Vec<String> {
         inbox_events(self.server, client)
+            .iter()
+            .map(|event| split_stamp(event).1)
+            .collect()
+    }
+
+    /// The stamps (µs) of the `grants` events in the inbox of `client`, oldest first.
+    pub(crate) fn stamps(&self, client: &str) -> Vec<i64> {
+        inbox_events(self.server, client)
+            .iter()
+            .filter_map(|event| split_stamp(event).0)
+            .collect()
+    }
+
+    /// Asserts that the last `grants` event in the inbox of `client` was stamped with the
+    /// server clock of the last call.
+    pub(crate) fn assert_stamped(&self, client: &str, what: &str) {
+        let stamp = *self
+            .stamps(client)
+            .last()
+            .unwrap_or_else(|| panic!("{what}: no grants event for {client}"));
+        self.span()
+            .assert_contains(stamp.div_euclid(1000), &format!("{what}: the stamp"));
     }
 
     /// Runs `inbox_keep` for the inboxes of `clients`, as their readers do.

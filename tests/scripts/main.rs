@@ -19,6 +19,12 @@
 //! previous token far ahead of the clock ([`Lua::push_ahead`]) to expect exactly previous + 1.
 
 //!
+//! The read-write lock (`rw_*.lua`, `lua/lib/rw.lua`) keeps its whole state in one hash too:
+//! the write hold's fields, its end `e` and the read holds `s` beside the queue `q`. [`Rw`]
+//! runs its scripts and reads that hash field by field ([`RwHash`]); the times the scripts
+//! compute from the server clock (hold ends, a queued waiter's alive time) are checked against
+//! the clock read around the call that wrote them ([`Span`]).
+//!
 //! Modules: [`lua`] (the harness), [`hold`], [`grants`], [`checks`], [`rw`] (the read-write
 //! lock's scripts).
 

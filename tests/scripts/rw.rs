@@ -1,12 +1,11 @@
-//! The read-write lock's scripts (`rw_*.lua`, `queue_*.lua`, `lua/lib/rw.lua`): reads before
-//! writes. The scripts check no key's type with `TYPE`; each key's first access is a typed
-//! read before the first write (or, where its header says so, the script's first write), so a
-//! foreign value under any key a call touches fails it with WRONGTYPE before anything is
-//! written. Each test here builds one state of lock `x`, plants a foreign value under one key at
-//! a time, replays one call, and checks that it either failed with WRONGTYPE and changed
-//! nothing, or succeeded without touching the foreign value; and that the keys the call's path
-//! touches are among those that failed it. Also: the retries of releases, answered from the op
-//! field or from `done`.
+//! The read-write lock's scripts (`rw_*.lua`, `lua/lib/rw.lua`): one hash per lock holds the
+//! write hold (fields `o c f l r g` as the exclusive locks' hold, plus its end `e`), the read
+//! holds (`s`, one line per owner: count, token, end, last op, the waiter id a release granted
+//! it under), the freed-by chain `x` and the wait queue `q` of both sides. Takes, re-entries and
+//! downgrades; writers queuing behind readers and readers behind a queued writer; grants to a
+//! writer alone and to waves of readers (one event per client); retries; take-overs; lapsed
+//! holds and dead waiters; renewal, inspection, force unlock, leaving and the heartbeat; the
+//! hash's ttl.
 
 use std::thread::sleep;
 use std::time::Duration;
@@ -14,684 +13,1936 @@ use std::time::Duration;
 use crate::lua::*;
 use crate::support::*;
 
-const HOLD: &str = "{t:0}:rw:x";
-const READERS: &str = "{t:0}:rw.readers:x";
-const QUEUE: &str = "{t:0}:rw.queue:x";
-const ALIVE: &str = "{t:0}:rw.alive:x";
-const DONE: &str = "{t:0}:rw.done:x";
-/// Every key of the lock and of its shard, in the canonical order (`lua/README.md`).
-const RW_KEYS: [&str; 8] = [HOLD, READERS, FENCE, EVENTS, SEQ, QUEUE, ALIVE, DONE];
-const RW_LOCK_ID: &str = "rw:x";
-const MODE: &str = "stream";
-/// The retry window (ms).
-const TOMB: &str = "5000";
+const READ: Side = Side::Read;
+const WRITE: Side = Side::Write;
 
-/// The inbox of waiter ids "<r|w><tag>.<n>" with tag "tag<owner>" (as `lua::inbox`).
-fn waiter(side: char, owner: &str, n: u32) -> String {
-    format!("{side}{}.{n}", tag(owner))
+/// What a write take of `owner`'s call `op` writes on a lock with no other hold: the hold
+/// (granted to no waiter), its end, no read hold, nobody queued; the freed-by chain as it was
+/// (none here: a test sets it with `..`).
+fn write_held(owner: &str, token: i64, lease: i64, op: &str, ends: i64) -> RwHash {
+    RwHash {
+        o: v(owner),
+        c: v(1),
+        f: v(token),
+        l: v(lease),
+        r: v(op),
+        x: None,
+        q: v(""),
+        g: v(""),
+        e: v(ends),
+        s: v(""),
+    }
 }
 
-/// The composed read-write scripts.
-struct Rw<'a> {
-    server: &'a RedisServer,
-    acquire: String,
-    release: String,
-    renew: String,
-    inspect: String,
-    force: String,
-    leave: String,
-    heartbeat: String,
+/// The write hold a release (or a leave, a force unlock, an acquisition that found the holds
+/// lapsed) granted to `waiter` of `owner` for its grant ms, the freed-by chain `x`.
+fn write_granted(owner: &str, token: i64, grant: i64, waiter: &str, ends: i64, x: &str) -> RwHash {
+    RwHash {
+        x: v(x),
+        g: v(waiter),
+        ..write_held(owner, token, grant, waiter, ends)
+    }
 }
 
-impl<'a> Rw<'a> {
-    fn new(server: &'a RedisServer) -> Self {
-        let rw = [QUEUE_LIB, NOTIFY_LIB, RW_LIB];
-        Rw {
-            server,
-            acquire: composed(
-                &[FENCE_LIB, QUEUE_LIB, NOTIFY_LIB, RW_LIB],
-                include_str!("../../lua/rw_acquire.lua"),
-            ),
-            release: composed(&rw, include_str!("../../lua/rw_release.lua")),
-            renew: composed(&rw, include_str!("../../lua/rw_renew.lua")),
-            inspect: composed(&[QUEUE_LIB], include_str!("../../lua/rw_inspect.lua")),
-            force: composed(&rw, include_str!("../../lua/rw_force_unlock.lua")),
-            leave: composed(&rw, include_str!("../../lua/queue_leave.lua")),
-            heartbeat: composed(&rw, include_str!("../../lua/queue_heartbeat.lua")),
-        }
+/// `hash` without a write hold, as a release, a lapse or a grant to readers leaves it: `o` and
+/// `g` empty, count 0, no end (the token `f`, `l` and `r` of the last write hold stay).
+fn no_writer(hash: RwHash) -> RwHash {
+    RwHash {
+        o: v(""),
+        c: v(0),
+        g: v(""),
+        e: v(""),
+        ..hash
+    }
+}
+
+/// The lines of `lines`, one after the other (a field `s` or `q`).
+fn lines<S: AsRef<str>>(lines: &[S]) -> Option<String> {
+    Some(lines.iter().map(AsRef::as_ref).collect())
+}
+
+/// Read takes: the first one of a lock with no hash draws the shard's token from the fence key
+/// and stores it as `f` (the hash is then only `f`, `q` and `s`); a retried take is answered;
+/// re-entries count up (a longer lease moves the line's end, a shorter one does not); another
+/// owner's read hold shares the lock and its token. Releases count down; the last one leaves a
+/// tombstone (`f` and the freed-by chain kept, no hold) for the retry window, and a read take
+/// from it takes `f` again without reading the fence key.
+#[test]
+fn read_holds_share_the_lock_and_its_token() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid::read("d", "d-read"));
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    let t = taken[1];
+    assert_drawn(t, 0, clock, "the shard's first token, drawn by a read take");
+    assert_eq!(fence_value(&server, FENCE), (t as u64, LAYOUT.to_owned()));
+    let fence = snapshot(&server, FENCE);
+    let d_read = RwHash {
+        f: v(t),
+        q: v(""),
+        s: lines(&[rw.reader("d", 1, t, LEASE, "d-read", "-")]),
+        ..RwHash::default()
+    };
+    rw.assert_hash(&d_read, "d's read take");
+    rw.assert_lasts_as_its_holds("d's read take");
+
+    // A retried take (same op id) is answered, not applied again.
+    assert_eq!(rw.acquire(Bid::read("d", "d-read")), vec![1, t, 1]);
+    rw.assert_hash(&d_read, "a retried read take");
+
+    // Re-entries: a longer lease moves the end (a retried re-entry is answered); a shorter one
+    // leaves it.
+    let again = Bid::read("d", "d-again").lease(2 * LEASE);
+    assert_eq!(rw.acquire(again), vec![1, t, 2]);
+    assert_eq!(rw.acquire(again), vec![1, t, 2]);
+    let d_twice = RwHash {
+        s: lines(&[rw.reader("d", 2, t, 2 * LEASE, "d-again", "-")]),
+        ..d_read.clone()
+    };
+    rw.assert_hash(&d_twice, "d's longer re-entry");
+    rw.assert_lasts_as_its_holds("d's longer re-entry");
+    assert_eq!(
+        rw.acquire(Bid::read("d", "d-third").lease(1_000)),
+        vec![1, t, 3]
+    );
+    let d_line = rw.reader("d", 3, t, 2 * LEASE, "d-third", "-");
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[&d_line]),
+            ..d_read.clone()
+        },
+        "d's shorter re-entry",
+    );
+    rw.assert_lasts_as_its_holds("d's shorter re-entry");
+
+    // Another owner's read hold: the same token, a line of its own.
+    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
+    let e_line = rw.reader("e", 1, t, LEASE, "e-read", "-");
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[d_line.clone(), e_line]),
+            ..d_read.clone()
+        },
+        "e shares the lock",
+    );
+    rw.assert_lasts_as_its_holds("e shares the lock: d's end is the latest");
+    let inspected = rw.inspect();
+    assert_eq!(inspected[..4], [0, 0, 0, 2], "{inspected:?}");
+    rw.span().assert_contains(
+        rw.read_end("d", 2 * LEASE) - inspected[4],
+        "inspect: the time left until d's end",
+    );
+
+    // e's release: d's line is left, and the hash has no write hold (its fields written empty).
+    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    let d_left = no_writer(RwHash {
+        x: v("e-release"),
+        s: lines(&[d_line]),
+        ..d_read.clone()
+    });
+    rw.assert_hash(&d_left, "e's release");
+    rw.assert_lasts_as_its_holds("e's release");
+    // d's releases: one level (the line's op is the release's), then every level.
+    assert_eq!(rw.release(READ, "d", t, "d-release-1"), vec![1, 2]);
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[rw.reader("d", 2, t, 2 * LEASE, "d-release-1", "-")]),
+            ..d_left.clone()
+        },
+        "d counted down",
+    );
+    assert_eq!(rw.release_all(READ, "d", t, "d-release-all"), vec![1, 0]);
+    let tombstone = RwHash {
+        x: v("d-release-all,e-release"),
+        s: v(""),
+        ..d_left
+    };
+    rw.assert_hash(&tombstone, "freed: a tombstone");
+    rw.assert_lasts_the_window("freed: a tombstone");
+
+    // A read take from the tombstone takes f again.
+    assert_eq!(rw.acquire(Bid::read("g", "g-read")), vec![1, t, 1]);
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[rw.reader("g", 1, t, LEASE, "g-read", "-")]),
+            ..tombstone
+        },
+        "g's read take from the tombstone",
+    );
+    rw.assert_lasts_as_its_holds("g's read take from the tombstone");
+    assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
+    rw.assert_no_stray_keys();
+}
+
+/// Tokens: a write take draws max(f + 1, clock) and stores it as `f`; a write re-entry keeps
+/// it (a longer lease moves `e`); the writer's own read hold (a downgrade) carries the write's
+/// token, outlives the write hold's release, and a later reader takes the same token. An
+/// owner holding a read hold asking for the write hold is refused at once (`{-2}`, no queue
+/// line, nothing changed). A reader behind the write hold is given the latest end of the holds
+/// in its way. The tokens never go down.
+#[test]
+fn write_tokens_rise_and_read_holds_carry_the_write_token() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let t0 = rw.acquire(Bid::read("d", "d-read"))[1];
+    assert_eq!(rw.release(READ, "d", t0, "d-release"), vec![1, 0]);
+    let fence = snapshot(&server, FENCE);
+
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid::write("a", "a-write"));
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    let ta = taken[1];
+    assert_drawn(ta, t0, clock, "a's write take");
+    let a_writes = RwHash {
+        x: v("d-release"),
+        ..write_held("a", ta, LEASE, "a-write", rw.write_end(LEASE))
+    };
+    rw.assert_hash(&a_writes, "a's write take");
+    rw.assert_lasts_as_its_holds("a's write take");
+    assert_eq!(rw.acquire(Bid::write("a", "a-write")), vec![1, ta, 1]);
+    rw.assert_hash(&a_writes, "a retried write take");
+
+    // A re-entry with a longer lease moves the end.
+    assert_eq!(
+        rw.acquire(Bid::write("a", "a-again").lease(2 * LEASE)),
+        vec![1, ta, 2]
+    );
+    let a_writes = RwHash {
+        c: v(2),
+        r: v("a-again"),
+        e: v(rw.write_end(2 * LEASE)),
+        ..a_writes
+    };
+    rw.assert_hash(&a_writes, "a's write re-entry");
+    rw.assert_lasts_as_its_holds("a's write re-entry");
+
+    // The downgrade: a's read hold, with the write's token.
+    assert_eq!(rw.acquire(Bid::read("a", "a-read")), vec![1, ta, 1]);
+    let a_both = RwHash {
+        s: lines(&[rw.reader("a", 1, ta, LEASE, "a-read", "-")]),
+        ..a_writes
+    };
+    rw.assert_hash(&a_both, "a's downgrade");
+    rw.assert_lasts_as_its_holds("a's downgrade: the write end is the latest");
+    // Holding a read hold, a asks for the write hold: refused, waiting or not.
+    let before = rw.dump(&[]);
+    for bid in [
+        Bid::write("a", "a-more"),
+        Bid::write("a", "a-wait").waiting("wa"),
+    ] {
+        assert_eq!(rw.acquire(bid), vec![-2], "{bid:?}");
+    }
+    assert_eq!(rw.dump(&[]), before, "a refused upgrade changed a key");
+    // Another reader: busy until the latest end, a's write hold's.
+    let busy = rw.acquire(Bid::read("b", "b-try"));
+    rw.assert_busy(&busy, rw.write_end(2 * LEASE), "b behind a's write");
+
+    // a's write release (every level): its read hold stays, the write fields go.
+    assert_eq!(rw.release_all(WRITE, "a", ta, "a-release"), vec![1, 0]);
+    let a_reads = no_writer(RwHash {
+        x: v("a-release,d-release"),
+        ..a_both
+    });
+    rw.assert_hash(&a_reads, "a's write released, its read hold left");
+    rw.assert_lasts_as_its_holds("a's write released: its read end");
+
+    // b's read hold: the write's token.
+    assert_eq!(rw.acquire(Bid::read("b", "b-read")), vec![1, ta, 1]);
+    assert_eq!(rw.acquire(Bid::write("a", "a-upgrade")), vec![-2]);
+    let busy = rw.acquire(Bid::write("c", "c-try"));
+    let latest = rw.latest_end().expect("read holds");
+    assert_eq!(latest, rw.read_end("b", LEASE), "b's end is the latest");
+    rw.assert_busy(&busy, latest, "c behind a's and b's read holds");
+    assert_eq!(rw.release(READ, "a", ta, "a-read-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "b", ta, "b-read-release"), vec![1, 0]);
+
+    // The next write token: exactly f + 1 when f runs ahead of the clock.
+    let ahead = rw.push_ahead();
+    assert_eq!(
+        rw.acquire(Bid::write("c", "c-write")),
+        vec![1, ahead + 1, 1]
+    );
+    let tokens = [t0, ta, ta, ahead + 1];
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] <= pair[1]),
+        "tokens went down: {tokens:?}"
+    );
+    assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
+    rw.assert_no_stray_keys();
+}
+
+/// A writer that live read holds keep out: its try is busy and queues nothing; its waiting
+/// attempt queues one line (waiter id, inbox tag, owner, lease, grant ms = min(lease, waiter
+/// lease), and the time it is known alive until: one waiter lease ahead), and its next attempts
+/// add none. The busy reply is `{0, bound, mark}`: the bound counting down to the latest end of
+/// the holds in its way, the mark the server clock (µs) of the call. Once a writer waits, new readers queue behind it (they would starve
+/// it otherwise); a reader that holds a read hold already re-enters all the same.
+#[test]
+fn a_writer_waits_behind_readers_and_new_readers_queue_behind_it() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    assert_eq!(
+        rw.acquire(Bid::read("e", "e-read").lease(2 * LEASE)),
+        vec![1, t, 1]
+    );
+    let e_line = rw.reader("e", 1, t, 2 * LEASE, "e-read", "-");
+    let readers = RwHash {
+        f: v(t),
+        q: v(""),
+        s: lines(&[rw.reader("d", 1, t, LEASE, "d-read", "-"), e_line.clone()]),
+        ..RwHash::default()
+    };
+    rw.assert_hash(&readers, "d and e read");
+    let e_end = rw.read_end("e", 2 * LEASE);
+
+    let busy = rw.acquire(Bid::write("a", "a-try"));
+    rw.assert_busy(&busy, e_end, "a's try");
+    rw.assert_hash(&readers, "a try queued");
+
+    let wa = Bid::write("a", "a-wait").waiting("wa");
+    rw.assert_busy(&rw.acquire(wa), e_end, "a waits");
+    let a_queued = RwHash {
+        q: lines(&[rw.queued(wa)]),
+        ..readers.clone()
+    };
+    rw.assert_hash(&a_queued, "a queued");
+    rw.assert_lasts_as_its_holds("a queued");
+    let again = Bid {
+        op: "a-wait-2",
+        ..wa
+    };
+    rw.assert_busy(&rw.acquire(again), e_end, "a's next attempt");
+    rw.assert_hash(&a_queued, "a's next attempt");
+
+    // Readers now queue behind a; a reader's try is busy and queues nothing.
+    rw.assert_busy(&rw.acquire(Bid::read("b", "b-try")), e_end, "b's read try");
+    rw.assert_hash(&a_queued, "a read try queued");
+    let rb = Bid::read("b", "b-wait").waiting("rb").lease(2_000);
+    rw.assert_busy(&rw.acquire(rb), e_end, "b waits behind a");
+    // Another writer queues behind b: a waiter lease above its lease, grant ms = its lease.
+    let wc = Bid::write("c", "c-wait").waiting("wc").waiter_lease(60_000);
+    rw.assert_busy(&rw.acquire(wc), e_end, "c waits behind b");
+    let queue = lines(&[rw.queued(wa), rw.queued(rb), rw.queued(wc)]);
+    rw.assert_hash(
+        &RwHash {
+            q: queue.clone(),
+            ..readers.clone()
+        },
+        "a, b and c queued",
+    );
+
+    // d holds a read hold: it re-enters (its line goes last, with its new end).
+    assert_eq!(rw.acquire(Bid::read("d", "d-again")), vec![1, t, 2]);
+    rw.assert_hash(
+        &RwHash {
+            q: queue,
+            s: lines(&[e_line, rw.reader("d", 2, t, LEASE, "d-again", "-")]),
+            ..readers
+        },
+        "d re-entered past the queue",
+    );
+    rw.assert_lasts_as_its_holds("d re-entered");
+    assert!(
+        server.keys(&format!("{EVENTS}:to:*")).is_empty(),
+        "an inbox was created or sent to"
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// The last read hold's release grants the lock to the writer at the head of the queue: the
+/// hash written in its name (its owner, count 1, a new token, its grant ms as `l` and as the
+/// lease of its end, `r` and `g` its waiter id), the freed-by chain, the rest of the queue left,
+/// and the event `0|grant|<waiter>,<token>,<grant ms>,<queued>|rw:x` in its client's inbox
+/// alone. Its attempts (the first re-sent, or a next one) are answered `{1, token, count,
+/// remaining}` without a change; other callers are busy until the grant's end. A release that
+/// leaves read holds grants nothing.
+#[test]
+fn the_last_readers_release_grants_the_lock_to_the_queued_writer() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["a", "b", "c"]);
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
+    let wa = Bid::write("a", "a-wait").waiting("wa");
+    let rb = Bid::read("b", "b-wait").waiting("rb");
+    let wc = Bid::write("c", "c-wait").waiting("wc").lease(2_000);
+    for bid in [wa, rb, wc] {
+        let busy = rw.acquire(bid);
+        rw.assert_busy(&busy, rw.latest_end().unwrap(), bid.waiter);
+    }
+    let queue = [rw.queued(wa), rw.queued(rb), rw.queued(wc)];
+
+    // d's release: e still reads, nobody is granted anything.
+    assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(t),
+            x: v("d-release"),
+            q: lines(&queue),
+            s: lines(&[rw.reader("e", 1, t, LEASE, "e-read", "-")]),
+            ..RwHash::default()
+        }),
+        "d's release, e left",
+    );
+    assert!(rw.inbox_events("a").is_empty(), "a was sent to");
+
+    // e's release grants the lock to wa.
+    let clock = rw.clock();
+    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    let ta = rw.token();
+    assert_drawn(ta, t, clock, "wa's grant");
+    let a_end = rw.write_end(WAITER_LEASE);
+    let a_granted = RwHash {
+        q: lines(&queue[1..]),
+        ..write_granted("a", ta, WAITER_LEASE, "wa", a_end, "e-release,d-release")
+    };
+    rw.assert_hash(&a_granted, "wa's grant");
+    rw.assert_lasts_as_its_holds("wa's grant");
+    assert_eq!(
+        rw.inbox_events("a"),
+        [rw_grant("wa", ta, WAITER_LEASE, true)]
+    );
+    for client in ["b", "c"] {
+        assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
     }
 
-    fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Resp {
-        let count = keys.len().to_string();
-        let mut command = vec!["EVAL", script, &count];
-        command.extend(keys);
-        command.extend(args);
-        self.server.cmd(&command)
+    // a's attempts are answered with the grant; nothing changes.
+    let before = rw.dump(&[&inbox("a")]);
+    for op in ["a-wait", "a-wait-2"] {
+        let answered = rw.acquire(Bid { op, ..wa });
+        rw.assert_granted_already(&answered, ta, 1, a_end, op);
     }
+    assert_eq!(
+        rw.dump(&[&inbox("a")]),
+        before,
+        "a granted-already answer wrote"
+    );
+    rw.assert_busy(
+        &rw.acquire(Bid::read("z", "z-try")),
+        a_end,
+        "a reader behind the grant",
+    );
+    assert_eq!(rw.inspect()[..4], [1, 1, ta, 0]);
+    rw.assert_no_stray_keys();
+}
 
-    /// `rw_acquire`: side, owner, op, waiter id and waiter lease (0: a try); lease 30 s.
-    fn acquire(&self, side: &str, owner: &str, op: &str, waiter: &str, waiter_lease: i64) -> Resp {
-        self.acquire_for(side, owner, op, waiter, waiter_lease, 30_000)
+/// A write release that frees the lock grants a read hold to every reader at the head of the
+/// queue up to the first writer (a wave): each reader's line in `s` (count 1, the lock's token
+/// `f`, its own grant ms, its waiter id as op and as waiter column), the write fields emptied,
+/// the queue left from that writer on; one `0|grants|<token>,<queued>,<waiter>:<ms>,...|rw:x`
+/// event per client listing that client's readers in queue order. The readers' attempts are
+/// answered; a new reader queues behind the writer; the last reader's release grants the
+/// writer.
+#[test]
+fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["p", "c", "w", "n"]);
+    let t = rw.acquire(Bid::write("a", "a-write"))[1];
+    let a_end = rw.write_end(LEASE);
+    // p1 and p2 are two owners of client p.
+    let rp1 = Bid::read("p1", "p1-wait").client("p").waiting("rp1");
+    let rc = Bid::read("c", "c-wait").waiting("rc").waiter_lease(2_000);
+    let rp2 = Bid::read("p2", "p2-wait")
+        .client("p")
+        .waiting("rp2")
+        .lease(1_500);
+    let ww = Bid::write("w", "w-wait").waiting("ww");
+    let rz = Bid::read("z", "z-wait").waiting("rz");
+    let mut marks = Vec::new();
+    for bid in [rp1, rc, rp2, ww, rz] {
+        let busy = rw.acquire(bid);
+        rw.assert_busy(&busy, a_end, bid.waiter);
+        marks.push(busy[2]);
     }
+    let tail = [rw.queued(ww), rw.queued(rz)];
 
-    fn acquire_for(
-        &self,
-        side: &str,
-        owner: &str,
-        op: &str,
-        waiter: &str,
-        waiter_lease: i64,
-        lease: i64,
-    ) -> Resp {
-        let (lease, waiter_lease) = (lease.to_string(), waiter_lease.to_string());
-        let create = fence_arg(true);
-        self.eval(
-            &self.acquire,
-            &RW_KEYS[..7],
-            &[
-                owner,
-                &lease,
-                op,
-                waiter,
-                &waiter_lease,
-                MODE,
-                "1000",
-                RW_LOCK_ID,
-                side,
-                TOMB,
-                &create,
-            ],
-        )
+    assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
+    // Each client's event is stamped with the clock of the grant, above the marks of the busy
+    // replies its readers were given.
+    for client in ["p", "c"] {
+        rw.assert_stamped(client, "the wave's grant");
+        let stamp = rw.stamps(client)[0];
+        assert!(
+            marks.iter().all(|&mark| mark < stamp),
+            "{client}'s stamp {stamp} not above the marks {marks:?}"
+        );
     }
+    let wave = no_writer(RwHash {
+        f: v(t),
+        l: v(LEASE),
+        r: v("a-write"),
+        x: v("a-release"),
+        q: lines(&tail),
+        s: lines(&[
+            rw.reader("p1", 1, t, WAITER_LEASE, "rp1", "rp1"),
+            rw.reader("c", 1, t, 2_000, "rc", "rc"),
+            rw.reader("p2", 1, t, 1_500, "rp2", "rp2"),
+        ]),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&wave, "the wave of p1, c and p2");
+    rw.assert_lasts_as_its_holds("the wave: p1's end is the latest");
+    assert_eq!(
+        rw.inbox_events("p"),
+        [rw_grants(t, true, &[("rp1", WAITER_LEASE), ("rp2", 1_500)])]
+    );
+    assert_eq!(rw.inbox_events("c"), [rw_grants(t, true, &[("rc", 2_000)])]);
+    assert!(rw.inbox_events("w").is_empty(), "w was sent to");
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 3]);
 
-    /// Takes a hold that must be granted; returns its token.
-    fn take(&self, side: &str, owner: &str, op: &str) -> i64 {
-        let reply = ints(self.acquire(side, owner, op, &waiter(side_char(side), owner, 0), 0));
-        assert_eq!(reply[0], 1, "{side} {owner} {op}: {reply:?}");
-        reply[1]
+    // The readers' attempts (re-sent or next) are answered with their grants.
+    let before = rw.dump(&[]);
+    for (bid, grant) in [
+        (rp1, WAITER_LEASE),
+        (rc, 2_000),
+        (
+            Bid {
+                op: "p2-wait-2",
+                ..rp2
+            },
+            1_500,
+        ),
+    ] {
+        let answered = rw.acquire(bid);
+        let until = rw.read_end(bid.owner, grant);
+        rw.assert_granted_already(&answered, t, 1, until, bid.waiter);
     }
+    assert_eq!(rw.dump(&[]), before, "a granted-already answer wrote");
 
-    /// An attempt that must wait (and queue).
-    fn wait(&self, side: &str, owner: &str, op: &str, waiter: &str, waiter_lease: i64) {
-        let reply = ints(self.acquire(side, owner, op, waiter, waiter_lease));
-        assert_eq!(reply[0], 0, "{side} {owner} {op}: {reply:?}");
-    }
+    // A new reader queues behind ww.
+    let rn = Bid::read("n", "n-wait").waiting("rn");
+    let latest = rw.latest_end().unwrap();
+    rw.assert_busy(&rw.acquire(rn), latest, "n behind ww");
+    let tail = [tail[0].clone(), tail[1].clone(), rw.queued(rn)];
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&tail),
+            ..wave
+        },
+        "n queued",
+    );
 
-    /// `rw_release`.
-    fn release(&self, side: &str, owner: &str, token: i64, op: &str, all: bool) -> Resp {
-        let token = token.to_string();
-        let all = if all { "1" } else { "0" };
-        self.eval(
-            &self.release,
-            &RW_KEYS,
-            &[owner, &token, op, all, TOMB, MODE, "1000", RW_LOCK_ID, side],
-        )
-    }
-
-    fn renew(&self, side: &str, owner: &str, token: i64) -> Resp {
-        let token = token.to_string();
-        self.eval(
-            &self.renew,
-            &[HOLD, READERS],
-            &["30000", side, owner, &token],
-        )
-    }
-
-    fn inspect(&self) -> Resp {
-        self.eval(&self.inspect, &[HOLD, READERS], &[])
-    }
-
-    fn force_unlock(&self) -> Resp {
-        self.eval(
-            &self.force,
-            &RW_KEYS[..7],
-            &["", "", "", "", "", MODE, "1000", RW_LOCK_ID],
-        )
-    }
-
-    fn leave(&self, waiter: &str) -> Resp {
-        self.eval(
-            &self.leave,
-            &RW_KEYS[..7],
-            &["", "", "", waiter, "", MODE, "1000", RW_LOCK_ID, "rw"],
-        )
-    }
-
-    fn heartbeat(&self, waiters: &[&str]) -> Resp {
-        let n = waiters.len().to_string();
-        let mut args = vec!["3000", MODE, "1000", "rw", RW_LOCK_ID, &n];
-        args.extend(waiters);
-        self.eval(
-            &self.heartbeat,
-            &[HOLD, READERS, QUEUE, ALIVE, EVENTS, SEQ],
-            &args,
-        )
-    }
-
-    /// Creates `owner`'s client's inbox (an empty-ish stream), so that events reach it.
-    fn open_inbox(&self, owner: &str) {
-        self.server.cmd(&["XADD", &inbox(owner), "*", "open", "1"]);
-    }
-
-    /// Owner "a" takes the write lock, the `queued` writers (owner, waiter id, waiter lease ms)
-    /// queue behind it in that order, the inboxes of `open` exist, and "a" releases: the lock
-    /// is free and the head of the queue is named.
-    fn free_with_queued_writers(&self, queued: &[(&str, &str, i64)], open: &[&str]) {
-        let token = self.take("write", "a", "a1");
-        for (owner, waiter, lease) in queued {
-            self.wait("write", owner, &format!("{owner}1"), waiter, *lease);
-        }
-        for owner in open {
-            self.open_inbox(owner);
-        }
+    // The readers' releases: the last one grants the lock to ww.
+    for owner in ["p1", "c"] {
         assert_eq!(
-            ints(self.release("write", "a", token, "a2", false)),
+            rw.release(READ, owner, t, &format!("{owner}-release")),
             vec![1, 0]
+        );
+        assert!(rw.inbox_events("w").is_empty(), "w was sent to early");
+    }
+    let clock = rw.clock();
+    assert_eq!(rw.release(READ, "p2", t, "p2-release"), vec![1, 0]);
+    let tw = rw.token();
+    assert_drawn(tw, t, clock, "ww's grant");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&tail[1..]),
+            ..write_granted(
+                "w",
+                tw,
+                WAITER_LEASE,
+                "ww",
+                rw.write_end(WAITER_LEASE),
+                "p2-release,c-release,p1-release,a-release",
+            )
+        },
+        "ww's grant",
+    );
+    assert_eq!(
+        rw.inbox_events("w"),
+        [rw_grant("ww", tw, WAITER_LEASE, true)]
+    );
+    assert!(rw.inbox_events("n").is_empty(), "n was sent to");
+    rw.assert_no_stray_keys();
+}
+
+/// A reader whose owner holds a read hold already (granted in the same wave, or its own) is
+/// not granted a second one: its line goes and it is woken by name (`0|name|<waiter>|rw:x`, after
+/// the wave's event to its client); its next attempt re-enters the owner's hold. Also when
+/// the releasing writer itself holds that read hold (its downgrade).
+#[test]
+fn a_reader_of_an_owner_that_holds_a_read_hold_is_woken_not_granted() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c", "k"]);
+    let t = rw.acquire(Bid::write("a", "a-write"))[1];
+    let rb1 = Bid::read("b", "b-wait-1").waiting("rb1");
+    let rb2 = Bid::read("b", "b-wait-2").waiting("rb2");
+    let rc = Bid::read("c", "c-wait").waiting("rc");
+    for bid in [rb1, rb2, rc] {
+        rw.assert_busy(&rw.acquire(bid), rw.write_end(LEASE), bid.waiter);
+    }
+
+    assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
+    rw.assert_stamped("b", "rb1's grant");
+    rw.assert_stamped("c", "rc's grant");
+    let c_line = rw.reader("c", 1, t, WAITER_LEASE, "rc", "rc");
+    let wave = no_writer(RwHash {
+        f: v(t),
+        l: v(LEASE),
+        r: v("a-write"),
+        x: v("a-release"),
+        q: v(""),
+        s: lines(&[
+            rw.reader("b", 1, t, WAITER_LEASE, "rb1", "rb1"),
+            c_line.clone(),
+        ]),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&wave, "rb1 and rc granted, rb2 woken");
+    assert_eq!(
+        rw.inbox_events("b"),
+        [
+            rw_grants(t, false, &[("rb1", WAITER_LEASE)]),
+            rw_wake("rb2")
+        ]
+    );
+    assert_eq!(
+        rw.inbox_events("c"),
+        [rw_grants(t, false, &[("rc", WAITER_LEASE)])]
+    );
+    // rb2 re-enters b's read hold (granted to rb1: the waiter column stays).
+    let again = Bid {
+        op: "b-wait-2-again",
+        ..rb2
+    };
+    assert_eq!(rw.acquire(again), vec![1, t, 2]);
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[c_line, rw.reader("b", 2, t, LEASE, "b-wait-2-again", "rb1")]),
+            ..wave
+        },
+        "rb2 re-entered",
+    );
+    assert_eq!(rw.release_all(READ, "b", t, "b-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "c", t, "c-release"), vec![1, 0]);
+
+    // k waits for the write hold and, from another task, for a read hold behind it.
+    let th = rw.acquire(Bid::write("h", "h-write"))[1];
+    let wk = Bid::write("k", "k-wait").waiting("wk");
+    let rk = Bid::read("k", "k-read-wait").waiting("rk");
+    for bid in [wk, rk] {
+        rw.assert_busy(&rw.acquire(bid), rw.write_end(LEASE), bid.waiter);
+    }
+    let rk_line = rw.queued(rk);
+    assert_eq!(rw.release(WRITE, "h", th, "h-release"), vec![1, 0]);
+    let tk = rw.token();
+    assert!(tk > th, "wk's grant: token {tk} after {th}");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rk_line]),
+            ..write_granted(
+                "k",
+                tk,
+                WAITER_LEASE,
+                "wk",
+                rw.write_end(WAITER_LEASE),
+                "h-release,c-release,b-release,a-release",
+            )
+        },
+        "wk's grant",
+    );
+    // k downgrades, then releases its write hold: rk is woken, not granted.
+    assert_eq!(rw.acquire(Bid::read("k", "k-read")), vec![1, tk, 1]);
+    let k_line = rw.reader("k", 1, tk, LEASE, "k-read", "-");
+    assert_eq!(rw.release(WRITE, "k", tk, "k-release"), vec![1, 0]);
+    let k_reads = no_writer(RwHash {
+        f: v(tk),
+        l: v(WAITER_LEASE),
+        r: v("wk"),
+        x: v("k-release,h-release,c-release,b-release,a-release"),
+        q: v(""),
+        s: lines(&[k_line]),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&k_reads, "k's write released, rk woken");
+    rw.assert_lasts_as_its_holds("k's write released");
+    assert_eq!(
+        rw.inbox_events("k"),
+        [rw_grant("wk", tk, WAITER_LEASE, true), rw_wake("rk")]
+    );
+    assert_eq!(
+        rw.acquire(Bid {
+            op: "k-read-again",
+            ..rk
+        }),
+        vec![1, tk, 2]
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// Grants go only to waiters whose client is there to hear them (Stream mode: its inbox
+/// exists). A writer with no inbox is passed over for the next writer (the token drawn for it
+/// is the one the next gets). A wave's readers whose client is gone are taken back (their lines
+/// dropped, the other readers keep theirs); a wave whose clients are all gone grants nothing,
+/// and the lock goes on to the next in line.
+#[test]
+fn grants_pass_over_waiters_whose_client_is_gone() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    // The clients of b, d and g are gone: no inbox.
+    rw.open_inboxes(&["c", "e", "h", "i"]);
+    let t = rw.acquire(Bid::read("a", "a-read"))[1];
+    let wb = Bid::write("b", "b-wait").waiting("wb");
+    let wc = Bid::write("c", "c-wait").waiting("wc").lease(2_000);
+    for bid in [wb, wc] {
+        rw.assert_busy(&rw.acquire(bid), rw.read_end("a", LEASE), bid.waiter);
+    }
+    let clock = rw.clock();
+    assert_eq!(rw.release(READ, "a", t, "a-release"), vec![1, 0]);
+    let tc = rw.token();
+    assert_drawn(tc, t, clock, "wc's grant");
+    let c_end = rw.write_end(2_000);
+    rw.assert_hash(
+        &write_granted("c", tc, 2_000, "wc", c_end, "a-release"),
+        "wc's grant, wb passed over",
+    );
+    rw.assert_lasts_as_its_holds("wc's grant");
+    assert_eq!(rw.inbox_events("c"), [rw_grant("wc", tc, 2_000, false)]);
+
+    // A wave of d, e and g: only e's client is there.
+    let rd = Bid::read("d", "d-wait").waiting("rd");
+    let re = Bid::read("e", "e-wait").waiting("re").lease(2_000);
+    let rg = Bid::read("g", "g-wait").waiting("rg");
+    let wh = Bid::write("h", "h-wait").waiting("wh");
+    for bid in [rd, re, rg, wh] {
+        rw.assert_busy(&rw.acquire(bid), c_end, bid.waiter);
+    }
+    let wh_line = rw.queued(wh);
+    assert_eq!(rw.release(WRITE, "c", tc, "c-release"), vec![1, 0]);
+    rw.assert_stamped("e", "re's grant");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(tc),
+            l: v(2_000),
+            r: v("wc"),
+            x: v("c-release,a-release"),
+            q: lines(&[wh_line]),
+            s: lines(&[rw.reader("e", 1, tc, 2_000, "re", "re")]),
+            ..RwHash::default()
+        }),
+        "the wave taken back but for e",
+    );
+    assert_eq!(
+        rw.inbox_events("e"),
+        [rw_grants(tc, true, &[("re", 2_000)])]
+    );
+    for client in ["d", "g"] {
+        assert!(
+            !exists(&server, &inbox(client)),
+            "a gone client's inbox created"
         );
     }
 
-    /// The value and the ttl (ms) of each key.
-    fn state(&self, keys: &[&str]) -> State {
-        keys.iter()
-            .map(|key| {
-                (
-                    key.to_string(),
-                    self.server.cmd(&["DUMP", key]).as_bytes(),
-                    self.server.cmd(&["PTTL", key]).as_int(),
-                )
-            })
-            .collect()
+    // d and g queue again behind wh, then i; e's release grants the lock to wh.
+    let rd2 = Bid::read("d", "d-wait-2").waiting("rd2");
+    let rg2 = Bid::read("g", "g-wait-2").waiting("rg2");
+    let wi = Bid::write("i", "i-wait").waiting("wi");
+    for bid in [rd2, rg2, wi] {
+        rw.assert_busy(&rw.acquire(bid), rw.read_end("e", 2_000), bid.waiter);
     }
+    let clock = rw.clock();
+    assert_eq!(rw.release(READ, "e", tc, "e-release"), vec![1, 0]);
+    let th = rw.token();
+    assert_drawn(th, tc, clock, "wh's grant");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rw.queued(rd2), rw.queued(rg2), rw.queued(wi)]),
+            ..write_granted(
+                "h",
+                th,
+                WAITER_LEASE,
+                "wh",
+                rw.write_end(WAITER_LEASE),
+                "e-release,c-release,a-release",
+            )
+        },
+        "wh's grant",
+    );
+    // h's release: the wave of d and g finds nobody; the lock goes on to wi.
+    let clock = rw.clock();
+    assert_eq!(rw.release(WRITE, "h", th, "h-release"), vec![1, 0]);
+    let ti = rw.token();
+    assert_drawn(ti, th, clock, "wi's grant");
+    rw.assert_hash(
+        &write_granted(
+            "i",
+            ti,
+            WAITER_LEASE,
+            "wi",
+            rw.write_end(WAITER_LEASE),
+            "h-release,e-release,c-release,a-release",
+        ),
+        "wi's grant past a wave with nobody there",
+    );
+    rw.assert_lasts_as_its_holds("wi's grant");
+    assert_eq!(
+        rw.inbox_events("i"),
+        [rw_grant("wi", ti, WAITER_LEASE, false)]
+    );
+    rw.assert_no_stray_keys();
 }
 
-fn side_char(side: &str) -> char {
-    if side == "write" {
-        'w'
-    } else {
-        'r'
-    }
-}
-
-/// Plants a value of another type than fredlock's under `key` (a string under a hash, a ZSET,
-/// a list or a stream; a list under a string).
-fn plant(server: &RedisServer, key: &str) {
-    server.cmd(&["DEL", key]);
-    if key == FENCE || key == SEQ {
-        server.cmd(&["RPUSH", key, "foreign"]);
-    } else {
-        server.cmd(&["SET", key, "foreign"]);
-    }
-}
-
-/// Each key, its DUMP and its ttl.
-type State = Vec<(String, Option<Vec<u8>>, i64)>;
-
-/// Asserts that two states are the same: equal values, and no ttl pushed forward (a ttl only
-/// runs down while nothing writes it).
-fn assert_unchanged(before: &State, after: &State, what: &str) {
-    for ((key, value, ttl), (_, value_after, ttl_after)) in before.iter().zip(after) {
-        assert_eq!(value, value_after, "{what}: {key} changed");
-        if *ttl < 0 {
-            assert_eq!(ttl, ttl_after, "{what}: {key}'s ttl changed");
-        } else {
-            assert!(
-                ttl_after <= ttl && *ttl_after >= 0,
-                "{what}: {key}'s ttl went from {ttl} to {ttl_after}"
-            );
-        }
-    }
-}
-
-/// One state of lock `x` and one call: `setup` builds the state on an empty server and returns
-/// what `call` needs; `touched` are the keys whose foreign value must fail the call.
-fn check_every_key(
-    server: &RedisServer,
-    name: &str,
-    touched: &[&str],
-    inboxes: &[String],
-    setup: &dyn Fn(&Rw) -> i64,
-    call: &dyn Fn(&Rw, i64) -> Resp,
-) {
-    let rw = Rw::new(server);
-    let every: Vec<&str> = RW_KEYS
-        .iter()
-        .copied()
-        .chain(inboxes.iter().map(String::as_str))
-        .collect();
-    // The call itself works on the state.
-    server.cmd(&["FLUSHALL"]);
-    let token = setup(&rw);
-    let reply = call(&rw, token);
-    assert!(!reply.is_error(), "{name}: {reply:?}");
-    for key in RW_KEYS {
-        server.cmd(&["FLUSHALL"]);
-        let token = setup(&rw);
-        plant(server, key);
-        let before = rw.state(&every);
-        let reply = call(&rw, token);
-        let what = format!("{name}, foreign value under {key}");
-        if reply.is_error() {
-            assert_wrongtype(&reply, &what);
-            assert_unchanged(&before, &rw.state(&every), &what);
-        } else {
-            assert!(!touched.contains(&key), "{what}: not refused: {reply:?}");
-            let at = RW_KEYS.iter().position(|k| *k == key).unwrap();
-            assert_unchanged(&before[at..=at].to_vec(), &rw.state(&[key]), &what);
-        }
-    }
-}
-
-/// Every key of every call path: a foreign value fails the call before it writes anything (or
-/// the call does not touch it, and leaves it alone).
+/// A wave's read holds taken back from clients that are gone no longer count for the hash's
+/// ttl: it is the latest end of the holds left (here e's, granted for 2 s, while the readers
+/// taken back were granted 3 s).
 #[test]
-fn a_foreign_value_under_any_key_fails_the_call_before_any_write() {
+fn a_wave_taken_back_leaves_the_ttl_of_the_holds_left() {
     init_tracing();
     let server = RedisServer::start();
-    let (wb, wc) = (waiter('w', "b", 1), waiter('w', "c", 1));
-    let rd = waiter('r', "d", 1);
-    let inboxes: Vec<String> = ["b", "c", "d", "e"].iter().map(|o| inbox(o)).collect();
+    let rw = Rw::new(&server, "stream");
+    // d's client is gone.
+    rw.open_inboxes(&["e"]);
+    let t = rw.acquire(Bid::write("a", "a-write"))[1];
+    let rd = Bid::read("d", "d-wait").waiting("rd");
+    let re = Bid::read("e", "e-wait").waiting("re").lease(2_000);
+    for bid in [rd, re] {
+        rw.assert_busy(&rw.acquire(bid), rw.write_end(LEASE), bid.waiter);
+    }
+    assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(t),
+            l: v(LEASE),
+            r: v("a-write"),
+            x: v("a-release"),
+            q: v(""),
+            s: lines(&[rw.reader("e", 1, t, 2_000, "re", "re")]),
+            ..RwHash::default()
+        }),
+        "d's read hold taken back",
+    );
+    rw.assert_lasts_as_its_holds("only e's read hold is left");
+}
 
-    // A writer that another owner's write hold keeps out: RPUSH is the script's first write.
-    check_every_key(
-        &server,
-        "a write attempt behind a writer",
-        &[HOLD, FENCE, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| rw.take("write", "a", "a1"),
-        &|rw, _| rw.acquire("write", "b", "b1", &wb, 3000),
-    );
-    // The same writer, queued already: the queue is read first.
-    check_every_key(
-        &server,
-        "a queued writer's next attempt behind a writer",
-        &[HOLD, FENCE, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            let token = rw.take("write", "a", "a1");
-            rw.wait("write", "b", "b1", &wb, 3000);
-            token
-        },
-        &|rw, _| rw.acquire("write", "b", "b2", &wb, 3000),
-    );
-    // A queued writer at the head of a free lock takes it (and draws a token).
-    check_every_key(
-        &server,
-        "a queued writer takes the free lock",
-        &[HOLD, READERS, FENCE, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            let token = rw.take("write", "a", "a1");
-            rw.wait("write", "b", "b1", &wb, 3000);
-            rw.open_inbox("b");
-            assert_eq!(
-                ints(rw.release("write", "a", token, "a2", false)),
-                vec![1, 0]
-            );
-            0
-        },
-        &|rw, _| rw.acquire("write", "b", "b2", &wb, 3000),
-    );
-    // A writer behind a live reader, with an expired reader to purge first.
-    check_every_key(
-        &server,
-        "a write attempt behind readers, one of them expired",
-        &[HOLD, READERS, FENCE, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            let reply = ints(rw.acquire_for("read", "d", "d1", &rd, 0, 1));
-            assert_eq!(reply[0], 1);
-            rw.take("read", "e", "e1");
-            sleep(Duration::from_millis(5));
-            0
-        },
-        &|rw, _| rw.acquire("write", "b", "b1", &wb, 3000),
-    );
-    // A queued reader goes past a dead writer queued ahead of it.
-    check_every_key(
-        &server,
-        "a queued reader goes past a dead writer",
-        &[HOLD, READERS, FENCE, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            // a's write hold runs out on its own (no release wakes anyone), c dies waiting.
-            let reply = ints(rw.acquire_for("write", "a", "a1", &waiter('w', "a", 0), 0, 150));
-            assert_eq!(reply[0], 1);
-            rw.wait("write", "c", "c1", &wc, 1);
-            rw.wait("read", "d", "d1", &rd, 3000);
-            sleep(Duration::from_millis(170));
-            0
-        },
-        &|rw, _| rw.acquire("read", "d", "d2", &rd, 3000),
-    );
-    // A reader re-enters; a writer downgrades.
-    check_every_key(
-        &server,
-        "a read re-entry",
-        &[HOLD, READERS, FENCE],
-        &inboxes,
-        &|rw| rw.take("read", "d", "d1"),
-        &|rw, _| rw.acquire("read", "d", "d2", &rd, 0),
-    );
-    check_every_key(
-        &server,
-        "a downgrade",
-        &[HOLD, READERS, FENCE],
-        &inboxes,
-        &|rw| rw.take("write", "a", "a1"),
-        &|rw, _| rw.acquire("read", "a", "a2", &waiter('r', "a", 1), 0),
-    );
-
-    // A final write release wakes the queued writer: into its inbox (the shard's stream and
-    // counter are not touched), or, without one, on the shard's stream.
-    let release_setup = |open: bool| {
-        move |rw: &Rw| {
-            let token = rw.take("write", "a", "a1");
-            rw.wait("write", "b", "b1", &waiter('w', "b", 1), 3000);
-            if open {
-                rw.open_inbox("b");
-            }
-            token
-        }
+/// Retries: an acquisition re-sent with the same op id is answered, not applied again; a
+/// release re-sent is answered from `r` (a release that left a level) or from the freed-by
+/// chain `x` (a final release), whatever happened since: a read hold's token is the lock's `f`,
+/// which the owner's next read hold carries again, and the retry of the final release must not
+/// release that one. A release under another token is refused `{-1, 0}`; one of a hold that is
+/// not there is `{0, 0}`. No refusal or retry changes a key.
+#[test]
+fn retried_calls_are_answered_not_applied_again() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let unchanged = |call: &dyn Fn() -> Vec<i64>, expected: &[i64], what: &str| {
+        let before = rw.dump(&[]);
+        assert_eq!(call(), expected, "{what}");
+        assert_eq!(rw.dump(&[]), before, "{what}: a key changed");
     };
-    check_every_key(
-        &server,
-        "a final write release, the woken writer's inbox open",
-        &[HOLD, QUEUE, ALIVE, DONE],
-        &inboxes,
-        &release_setup(true),
-        &|rw, token| rw.release("write", "a", token, "a2", false),
+
+    // The write side.
+    let t = rw.acquire(Bid::write("a", "a-write"))[1];
+    assert_eq!(rw.acquire(Bid::write("a", "a-again")), vec![1, t, 2]);
+    unchanged(
+        &|| rw.acquire(Bid::write("a", "a-again")),
+        &[1, t, 2],
+        "a retried write re-entry",
     );
-    check_every_key(
-        &server,
-        "a final write release, the woken writer's inbox missing",
-        &[HOLD, EVENTS, SEQ, QUEUE, ALIVE, DONE],
-        &inboxes,
-        &release_setup(false),
-        &|rw, token| rw.release("write", "a", token, "a2", false),
+    assert_eq!(rw.release(WRITE, "a", t, "a-release-1"), vec![1, 1]);
+    unchanged(
+        &|| rw.release(WRITE, "a", t, "a-release-1"),
+        &[1, 1],
+        "a retried write release that left a level",
     );
-    // A release of a re-entered write hold: only the hash.
-    check_every_key(
-        &server,
-        "a write release that leaves a hold",
-        &[HOLD],
-        &inboxes,
-        &|rw| {
-            let token = rw.take("write", "a", "a1");
-            rw.take("write", "a", "a2");
-            token
-        },
-        &|rw, token| rw.release("write", "a", token, "a3", false),
+    unchanged(
+        &|| rw.release(WRITE, "a", t - 1, "a-stale"),
+        &[-1, 0],
+        "a write release under an older token",
     );
-    // The last reader leaves: the dead writer at the head is dropped, the reader behind it
-    // named in a chain event (on the shard's stream: no inbox).
-    check_every_key(
-        &server,
-        "a final read release wakes a chain past a dead head",
-        &[HOLD, READERS, EVENTS, SEQ, QUEUE, ALIVE, DONE],
-        &inboxes,
-        &|rw| {
-            let token = rw.take("read", "e", "e1");
-            rw.wait("write", "c", "c1", &wc, 150);
-            rw.wait("read", "d", "d1", &rd, 3000);
-            sleep(Duration::from_millis(170));
-            token
-        },
-        &|rw, token| rw.release("read", "e", token, "e2", false),
+    unchanged(
+        &|| rw.release(WRITE, "b", t, "b-release"),
+        &[-1, 0],
+        "another owner's write release",
     );
-    check_every_key(
-        &server,
-        "a write renewal",
-        &[HOLD],
-        &inboxes,
-        &|rw| rw.take("write", "a", "a1"),
-        &|rw, token| rw.renew("write", "a", token),
+    unchanged(
+        &|| rw.release(READ, "a", t, "a-read-release"),
+        &[0, 0],
+        "a read release of a writer",
     );
-    check_every_key(
-        &server,
-        "a read renewal",
-        &[HOLD, READERS],
-        &inboxes,
-        &|rw| rw.take("read", "d", "d1"),
-        &|rw, token| rw.renew("read", "d", token),
+    assert_eq!(rw.release(WRITE, "a", t, "a-release-2"), vec![1, 0]);
+    let freed = no_writer(RwHash {
+        f: v(t),
+        l: v(LEASE),
+        r: v("a-release-1"),
+        x: v("a-release-2"),
+        q: v(""),
+        s: v(""),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&freed, "a's write released");
+    unchanged(
+        &|| rw.release(WRITE, "a", t, "a-release-2"),
+        &[1, 0],
+        "a retried final write release",
     );
-    check_every_key(
-        &server,
-        "an inspection",
-        &[HOLD, READERS],
-        &inboxes,
-        &|rw| rw.take("read", "d", "d1"),
-        &|rw, _| rw.inspect(),
+    unchanged(
+        &|| rw.release(WRITE, "a", t, "a-release-3"),
+        &[0, 0],
+        "a write release of a free lock",
     );
-    check_every_key(
-        &server,
-        "a force-unlock with a queued writer",
-        &[HOLD, READERS, EVENTS, SEQ, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            rw.take("write", "a", "a1");
-            rw.take("read", "a", "a2");
-            rw.wait("write", "b", "b1", &wb, 3000);
-            0
-        },
-        &|rw, _| rw.force_unlock(),
+    // A newer write hold of a: the retry still changes nothing; the old token is refused.
+    let t2 = rw.acquire(Bid::write("a", "a-write-2"))[1];
+    assert!(t2 > t, "a's second write token {t2} after {t}");
+    unchanged(
+        &|| rw.release(WRITE, "a", t, "a-release-2"),
+        &[1, 0],
+        "a retried final write release, a newer hold since",
     );
-    // The head of a free lock leaves: the next waiter is named.
-    check_every_key(
-        &server,
-        "the head of a free lock leaves",
-        &[HOLD, EVENTS, SEQ, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            rw.free_with_queued_writers(&[("b", &wb, 3000), ("c", &wc, 3000)], &["b"]);
-            0
-        },
-        &|rw, _| rw.leave(&wb),
+    unchanged(
+        &|| rw.release(WRITE, "a", t, "a-release-4"),
+        &[-1, 0],
+        "a release of the older write hold",
     );
-    check_every_key(
-        &server,
-        "a waiter behind the head leaves",
-        &[QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            rw.take("write", "a", "a1");
-            rw.wait("write", "b", "b1", &wb, 3000);
-            rw.wait("write", "c", "c1", &wc, 3000);
-            0
-        },
-        &|rw, _| rw.leave(&wc),
+    assert_eq!(rw.inspect()[..3], [1, 1, t2]);
+    assert_eq!(rw.release(WRITE, "a", t2, "a-release-5"), vec![1, 0]);
+
+    // The read side: d's read holds all carry t2.
+    assert_eq!(rw.acquire(Bid::read("d", "d-read")), vec![1, t2, 1]);
+    unchanged(
+        &|| rw.acquire(Bid::read("d", "d-read")),
+        &[1, t2, 1],
+        "a retried read take",
     );
-    // A heartbeat drops the dead head of a free lock and names the next waiter.
-    check_every_key(
-        &server,
-        "a heartbeat behind a dead head",
-        &[HOLD, EVENTS, SEQ, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            rw.free_with_queued_writers(&[("b", &wb, 150), ("c", &wc, 3000)], &["b"]);
-            sleep(Duration::from_millis(170));
-            0
-        },
-        &|rw, _| rw.heartbeat(&[&wc]),
+    assert_eq!(rw.acquire(Bid::read("d", "d-again")), vec![1, t2, 2]);
+    assert_eq!(rw.release(READ, "d", t2, "d-release-1"), vec![1, 1]);
+    unchanged(
+        &|| rw.release(READ, "d", t2, "d-release-1"),
+        &[1, 1],
+        "a retried read release that left a level",
     );
-    check_every_key(
-        &server,
-        "a heartbeat on a held lock",
-        &[HOLD, QUEUE, ALIVE],
-        &inboxes,
-        &|rw| {
-            rw.take("write", "a", "a1");
-            rw.wait("write", "b", "b1", &wb, 3000);
-            0
-        },
-        &|rw, _| rw.heartbeat(&[&wb]),
+    unchanged(
+        &|| rw.release(READ, "d", t2 - 1, "d-stale"),
+        &[-1, 0],
+        "a read release under another token",
     );
+    unchanged(
+        &|| rw.release(READ, "e", t2, "e-release"),
+        &[0, 0],
+        "a read release of an owner that holds none",
+    );
+    assert_eq!(rw.release(READ, "d", t2, "d-release-2"), vec![1, 0]);
+    // d reads again: the same token (no write hold between).
+    assert_eq!(rw.acquire(Bid::read("d", "d-read-2")), vec![1, t2, 1]);
+    let d_reads = RwHash {
+        s: lines(&[rw.reader("d", 1, t2, LEASE, "d-read-2", "-")]),
+        f: v(t2),
+        x: v("d-release-2,a-release-5,a-release-2"),
+        r: v("a-write-2"),
+        ..freed
+    };
+    rw.assert_hash(&d_reads, "d's second read hold");
+    unchanged(
+        &|| rw.release(READ, "d", t2, "d-release-2"),
+        &[1, 0],
+        "a retried final read release, a new read hold of d since",
+    );
+    rw.assert_hash(&d_reads, "the retry left d's new read hold");
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 1]);
+    rw.assert_no_stray_keys();
 }
 
-/// A release re-sent after it was applied is answered "released", whatever happened since:
-/// a release that left a hold answers from the owner's op field, a final one from `done` (a
-/// write hold's token is never issued again; a read hold's is, so a read release asks `done`
-/// before it looks at the hold).
+/// A write release naming a successor (a take-over, `ARGV[10..15]`): with nobody queued and no
+/// read hold the successor is handed the lock (`{1, 0, token, 0}`: the hash in its name, its
+/// lease, its waiter id as `r` and `g`; no event). With waiters queued the lock goes to the queue
+/// (a writer's grant, or a wave of readers) and the successor's line joins the tail (its grant
+/// ms min(its lease, its waiter lease)): `{2, bound, mark}` as a busy acquisition. A re-sent
+/// release gets the same answer and changes nothing.
 #[test]
-fn releases_answer_their_retries() {
+fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     init_tracing();
     let server = RedisServer::start();
-    let rw = Rw::new(&server);
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "s", "u", "r", "v"]);
+    rw.acquire(Bid::write("a", "a-write"));
+    let t = rw.push_ahead();
+    let inboxes = ["b", "s", "u", "r", "v"].map(inbox);
+    let inboxes: Vec<&str> = inboxes.iter().map(String::as_str).collect();
 
-    // Write: re-entered twice, released once (op field), then for good (done).
-    let token = rw.take("write", "a", "a1");
-    rw.take("write", "a", "a2");
     assert_eq!(
-        ints(rw.release("write", "a", token, "a3", false)),
-        vec![1, 1]
+        rw.take_over("a", t, "a-release", ("s", "ws")),
+        vec![1, 0, t + 1, 0]
+    );
+    let s_holds = write_granted(
+        "s",
+        t + 1,
+        SUCCESSOR_LEASE,
+        "ws",
+        rw.write_end(SUCCESSOR_LEASE),
+        "a-release",
+    );
+    rw.assert_hash(&s_holds, "s took the lock over");
+    rw.assert_lasts_as_its_holds("s took the lock over");
+    let before = rw.dump(&inboxes);
+    assert_eq!(
+        rw.take_over("a", t, "a-release", ("s", "ws")),
+        vec![1, 0, t + 1, 0]
     );
     assert_eq!(
-        ints(rw.release("write", "a", token, "a3", false)),
-        vec![1, 1]
+        rw.dump(&inboxes),
+        before,
+        "a re-sent take-over changed a key"
+    );
+
+    // b waits; s's release, taken over by u: b is granted the lock, u queues behind it.
+    let wb = Bid::write("b", "b-wait").waiting("wb");
+    rw.assert_busy(&rw.acquire(wb), rw.write_end(SUCCESSOR_LEASE), "b waits");
+    let reply = rw.take_over("s", t + 1, "s-release", ("u", "wu"));
+    let b_end = rw.write_end(WAITER_LEASE);
+    rw.assert_joined(&reply, b_end, "u joined the queue behind wb's grant");
+    let wu = Bid::write("u", "").waiting("wu").lease(SUCCESSOR_LEASE);
+    let b_granted = RwHash {
+        q: lines(&[rw.queued(wu)]),
+        ..write_granted("b", t + 2, WAITER_LEASE, "wb", b_end, "s-release,a-release")
+    };
+    rw.assert_hash(&b_granted, "wb granted, wu queued behind");
+    assert_eq!(
+        rw.inbox_events("b"),
+        [rw_grant("wb", t + 2, WAITER_LEASE, true)]
+    );
+    assert!(rw.inbox_events("u").is_empty(), "u was sent to");
+    let before = rw.dump(&inboxes);
+    let again = rw.take_over("s", t + 1, "s-release", ("u", "wu"));
+    rw.assert_joined(&again, b_end, "the re-sent take-over");
+    assert_eq!(
+        rw.dump(&inboxes),
+        before,
+        "a re-sent take-over changed a key"
+    );
+
+    // b's release grants the lock to wu.
+    assert_eq!(rw.release(WRITE, "b", t + 2, "b-release"), vec![1, 0]);
+    rw.assert_hash(
+        &write_granted(
+            "u",
+            t + 3,
+            WAITER_LEASE,
+            "wu",
+            rw.write_end(WAITER_LEASE),
+            "b-release,s-release,a-release",
+        ),
+        "wu's grant",
     );
     assert_eq!(
-        ints(rw.release("write", "a", token, "a4", false)),
-        vec![1, 0]
+        rw.inbox_events("u"),
+        [rw_grant("wu", t + 3, WAITER_LEASE, false)]
     );
-    assert_eq!(server.cmd(&["EXISTS", HOLD]).as_int(), 0);
-    assert!(server.cmd(&["ZSCORE", DONE, "a4"]).as_str().is_some());
-    assert_eq!(
-        ints(rw.release("write", "a", token, "a4", false)),
-        vec![1, 0]
+
+    // A reader waits; u's release, taken over by v: the reader is granted, v queues behind.
+    let rr = Bid::read("r", "r-wait").waiting("rr");
+    rw.assert_busy(&rw.acquire(rr), rw.write_end(WAITER_LEASE), "r waits");
+    let reply = rw.take_over("u", t + 3, "u-release", ("v", "wv"));
+    let r_end = rw.read_end("r", WAITER_LEASE);
+    rw.assert_joined(&reply, r_end, "v joined the queue behind rr's grant");
+    rw.assert_stamped("r", "rr's grant");
+    let wv = Bid::write("v", "").waiting("wv").lease(SUCCESSOR_LEASE);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(t + 3),
+            l: v(WAITER_LEASE),
+            r: v("wu"),
+            x: v("u-release,b-release,s-release,a-release"),
+            q: lines(&[rw.queued(wv)]),
+            s: lines(&[rw.reader("r", 1, t + 3, WAITER_LEASE, "rr", "rr")]),
+            ..RwHash::default()
+        }),
+        "rr granted, wv queued behind",
     );
-    // Another hold of the same owner since: the retry still changes nothing.
-    let newer = rw.take("write", "a", "a5");
-    assert!(newer > token);
     assert_eq!(
-        ints(rw.release("write", "a", token, "a4", false)),
-        vec![1, 0]
+        rw.inbox_events("r"),
+        [rw_grants(t + 3, true, &[("rr", WAITER_LEASE)])]
+    );
+    assert!(rw.inbox_events("v").is_empty(), "v was sent to");
+    rw.assert_no_stray_keys();
+}
+
+/// Holds whose end passed no longer count, though the hash lives on (a writer's own read hold
+/// keeps it): a reader takes the lock past a lapsed write hold (the write fields emptied on
+/// the way), the lapsed holder's release finds nothing (`{0, 0}`); a lapsed read line is
+/// dropped by the next call that writes `s`.
+#[test]
+fn lapsed_holds_no_longer_count() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let ta = rw.acquire(Bid::write("a", "a-write").lease(100))[1];
+    assert_eq!(rw.acquire(Bid::read("a", "a-read")), vec![1, ta, 1]);
+    let a_line = rw.reader("a", 1, ta, LEASE, "a-read", "-");
+    let a_both = RwHash {
+        s: lines(&[&a_line]),
+        ..write_held("a", ta, 100, "a-write", rw.write_end(100))
+    };
+    rw.assert_hash(&a_both, "a writes for 100 ms, reads for longer");
+    rw.assert_lasts_as_its_holds("a's read hold keeps the hash");
+    sleep(Duration::from_millis(150));
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 1], "a's write hold lapsed");
+
+    // b reads: a's write hold lapsed.
+    assert_eq!(
+        rw.acquire(Bid::read("b", "b-read").lease(100)),
+        vec![1, ta, 1]
+    );
+    let b_line = rw.reader("b", 1, ta, 100, "b-read", "-");
+    rw.assert_hash(
+        &RwHash {
+            o: v(""),
+            c: v(0),
+            e: v(""),
+            s: lines(&[a_line.clone(), b_line]),
+            ..a_both.clone()
+        },
+        "b reads past a's lapsed write hold",
+    );
+    let before = rw.dump(&[]);
+    assert_eq!(rw.release(WRITE, "a", ta, "a-release"), vec![0, 0]);
+    assert_eq!(
+        rw.dump(&[]),
+        before,
+        "a lapsed hold's release changed a key"
+    );
+
+    // b's read line lapses: c's read take drops it.
+    sleep(Duration::from_millis(150));
+    assert_eq!(rw.acquire(Bid::read("c", "c-read")), vec![1, ta, 1]);
+    rw.assert_hash(
+        &RwHash {
+            o: v(""),
+            c: v(0),
+            e: v(""),
+            s: lines(&[a_line, rw.reader("c", 1, ta, LEASE, "c-read", "-")]),
+            ..a_both
+        },
+        "b's lapsed line dropped",
+    );
+    assert_eq!(rw.release(READ, "b", ta, "b-release"), vec![0, 0]);
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 2]);
+    rw.assert_no_stray_keys();
+}
+
+/// A lock whose holds lapsed with waiters still queued is granted to them by the next
+/// acquisition, whoever makes it, before it looks for itself: a writer at the head is granted
+/// the lock and the caller queues behind it, unless the caller is that writer (it then takes
+/// the lock itself, a take: `g` empty, its own lease); readers at the head are granted a wave,
+/// and a reader of the wave making the call is answered with its grant.
+#[test]
+fn waiters_queued_behind_lapsed_holds_are_served_by_the_next_acquisition() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c", "d", "e"]);
+    let wb = Bid::write("b", "b-wait").waiting("wb");
+    let rc = Bid::read("c", "c-wait").waiting("rc");
+    // a writes for 100 ms; b then c queue. The hash outlives a's hold (its expiry is set by
+    // another clock than the one the hold's end was read from, as after a failover).
+    let queue_behind_a_lapsed_writer = || {
+        server.cmd(&["DEL", RW_HOLD]);
+        let ta = rw.acquire(Bid::write("a", "a-write").lease(100))[1];
+        for bid in [wb, rc] {
+            rw.assert_busy(&rw.acquire(bid), rw.write_end(100), bid.waiter);
+        }
+        server.cmd(&["PEXPIRE", RW_HOLD, "10000"]);
+        sleep(Duration::from_millis(150));
+        ta
+    };
+
+    // e's waiting write attempt grants the lock to wb first, and queues behind it.
+    let ta = queue_behind_a_lapsed_writer();
+    let rc_line = rw.queued(rc);
+    let we = Bid::write("e", "e-wait").waiting("we");
+    let clock = rw.clock();
+    let busy = rw.acquire(we);
+    let tb = rw.token();
+    assert_drawn(tb, ta, clock, "wb's grant");
+    let b_end = rw.write_end(WAITER_LEASE);
+    rw.assert_busy(&busy, b_end, "e behind wb's grant");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rc_line.clone(), rw.queued(we)]),
+            ..write_granted("b", tb, WAITER_LEASE, "wb", b_end, "")
+        },
+        "wb granted by e's attempt",
     );
     assert_eq!(
-        ints(rw.release("write", "a", token, "a6", false)),
-        vec![-1, 0]
+        rw.inbox_events("b"),
+        [rw_grant("wb", tb, WAITER_LEASE, true)]
     );
-    assert_eq!(ints(rw.inspect())[..3], [1, 1, newer]);
-    assert_eq!(
-        ints(rw.release("write", "a", newer, "a7", false)),
-        vec![1, 0]
+    assert!(rw.inbox_events("e").is_empty(), "e was sent to");
+
+    // The same, and wb's own attempt: a take.
+    let ta = queue_behind_a_lapsed_writer();
+    let rc_line = rw.queued(rc);
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid {
+        op: "b-wait-2",
+        ..wb
+    });
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    assert_drawn(taken[1], ta, clock, "wb's take");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rc_line]),
+            ..write_held("b", taken[1], LEASE, "b-wait-2", rw.write_end(LEASE))
+        },
+        "wb took the lock itself",
+    );
+    assert_eq!(rw.inbox_events("b").len(), 1, "b was sent to");
+
+    // Readers at the head behind a lapsed write hold (a's own read hold keeps the hash): the
+    // first reader's next attempt grants the wave and is answered with its grant.
+    server.cmd(&["DEL", RW_HOLD]);
+    let ta = rw.acquire(Bid::write("a", "a-write").lease(100))[1];
+    let rd = Bid::read("d", "d-wait").waiting("rd");
+    for bid in [rc, rd] {
+        rw.assert_busy(&rw.acquire(bid), rw.write_end(100), bid.waiter);
+    }
+    assert_eq!(rw.acquire(Bid::read("a", "a-read")), vec![1, ta, 1]);
+    sleep(Duration::from_millis(150));
+    let answered = rw.acquire(Bid {
+        op: "c-wait-2",
+        ..rc
+    });
+    let c_end = rw.read_end("c", WAITER_LEASE);
+    rw.assert_granted_already(&answered, ta, 1, c_end, "rc's attempt");
+    rw.assert_stamped("c", "rc's grant");
+    rw.assert_stamped("d", "rd's grant");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(ta),
+            l: v(100),
+            r: v("a-write"),
+            x: v(""),
+            q: v(""),
+            s: lines(&[
+                rw.reader("a", 1, ta, LEASE, "a-read", "-"),
+                rw.reader("c", 1, ta, WAITER_LEASE, "rc", "rc"),
+                rw.reader("d", 1, ta, WAITER_LEASE, "rd", "rd"),
+            ]),
+            ..RwHash::default()
+        }),
+        "the wave of rc and rd granted by rc's attempt",
     );
     assert_eq!(
-        ints(rw.release("write", "b", newer, "b1", false)),
+        rw.inbox_events("c"),
+        [rw_grants(ta, false, &[("rc", WAITER_LEASE)])]
+    );
+    assert_eq!(
+        rw.inbox_events("d"),
+        [rw_grants(ta, false, &[("rd", WAITER_LEASE)])]
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// A queued waiter's line carries the time until which its client vouches for it (one waiter
+/// lease from its attempt, moved on by the heartbeat): once that passed, the waiter is dropped
+/// where the scripts meet it. A dead writer no longer keeps new readers out (nor does a writer
+/// that leaves); one whose heartbeat vouched for it still does; a grant passes over a dead
+/// waiter.
+#[test]
+fn a_waiter_whose_client_stopped_vouching_for_it_is_dropped() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c", "h", "i", "j"]);
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    let d_line = rw.reader("d", 1, t, LEASE, "d-read", "-");
+    let d_end = rw.read_end("d", LEASE);
+    // b's writer waits, vouched for 100 ms; nobody moves it on.
+    let wb = Bid::write("b", "b-wait").waiting("wb").waiter_lease(100);
+    rw.assert_busy(&rw.acquire(wb), d_end, "wb waits");
+    sleep(Duration::from_millis(150));
+    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
+    let e_line = rw.reader("e", 1, t, LEASE, "e-read", "-");
+    let readers = RwHash {
+        o: v(""),
+        c: v(0),
+        e: v(""),
+        f: v(t),
+        q: v(""),
+        s: lines(&[d_line, e_line]),
+        ..RwHash::default()
+    };
+    rw.assert_hash(&readers, "e reads past the dead writer wb, whose line went");
+    let e_end = rw.read_end("e", LEASE);
+
+    // c's writer, vouched for 100 ms, but its heartbeat vouches for it a waiter lease on: it
+    // keeps readers out past the 100 ms. It leaves: the readers' way is free again.
+    let wc = Bid::write("c", "c-wait").waiting("wc").waiter_lease(100);
+    rw.assert_busy(&rw.acquire(wc), e_end, "wc waits");
+    assert_eq!(rw.heartbeat(&["wc"]), vec![1]);
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rw.queued_alive(wc, WAITER_LEASE)]),
+            ..readers.clone()
+        },
+        "wc's heartbeat",
+    );
+    sleep(Duration::from_millis(150));
+    rw.assert_busy(
+        &rw.acquire(Bid::read("g", "g-try")),
+        e_end,
+        "g behind the live writer wc",
+    );
+    assert_eq!(rw.leave("wc"), vec![1]);
+    assert_eq!(rw.acquire(Bid::read("g", "g-read")), vec![1, t, 1]);
+    assert_eq!(rw.release(READ, "g", t, "g-release"), vec![1, 0]);
+
+    // i's writer, then h's reader vouched for 100 ms, then j's writer: once h is dead, i's
+    // release grants the lock to j.
+    let wi = Bid::write("i", "i-wait").waiting("wi");
+    let rh = Bid::read("h", "h-wait").waiting("rh").waiter_lease(100);
+    let wj = Bid::write("j", "j-wait").waiting("wj");
+    for bid in [wi, rh, wj] {
+        rw.assert_busy(&rw.acquire(bid), e_end, bid.waiter);
+    }
+    assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    let ti = rw.token();
+    assert_eq!(hold_owner(&server, RW_HOLD).as_deref(), Some("i"));
+    sleep(Duration::from_millis(150));
+    let clock = rw.clock();
+    assert_eq!(rw.release(WRITE, "i", ti, "i-release"), vec![1, 0]);
+    let tj = rw.token();
+    assert_drawn(tj, ti, clock, "wj's grant");
+    rw.assert_hash(
+        &write_granted(
+            "j",
+            tj,
+            WAITER_LEASE,
+            "wj",
+            rw.write_end(WAITER_LEASE),
+            "i-release,e-release,d-release,g-release",
+        ),
+        "wj granted past the dead reader rh",
+    );
+    assert_eq!(
+        rw.inbox_events("j"),
+        [rw_grant("wj", tj, WAITER_LEASE, false)]
+    );
+    assert!(rw.inbox_events("h").is_empty(), "h was sent to");
+    rw.assert_no_stray_keys();
+}
+
+/// `rw_renew.lua`, a batch: per hold 1 renewed (its end `lease` ms from now, a shorter lease
+/// shortening it; a write renewal also sets `l`), 0 not held, -1 another owner holds the write
+/// hold, -2 the owner's hold carries another token. Lease 0 only checks. The hash lasts as its
+/// latest hold; no refusal or check changes a key, and no renewal creates one.
+#[test]
+fn rw_renew_renews_checks_and_refuses() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    const Y: &str = "{t:0}:rw:y";
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
+    let e_line = rw.reader("e", 1, t, LEASE, "e-read", "-");
+    let readers = RwHash {
+        f: v(t),
+        q: v(""),
+        ..RwHash::default()
+    };
+
+    assert_eq!(
+        rw.renew(
+            2 * LEASE,
+            &[
+                (READ, "d", t),
+                (READ, "e", t - 1),
+                (READ, "z", t),
+                (WRITE, "d", t)
+            ]
+        ),
+        vec![1, -2, 0, 0]
+    );
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[
+                e_line.clone(),
+                rw.reader("d", 1, t, 2 * LEASE, "d-read", "-"),
+            ]),
+            ..readers.clone()
+        },
+        "d renewed",
+    );
+    rw.assert_lasts_as_its_holds("d renewed");
+    assert_eq!(rw.renew(1_000, &[(READ, "d", t)]), vec![1]);
+    let shorter = RwHash {
+        s: lines(&[e_line, rw.reader("d", 1, t, 1_000, "d-read", "-")]),
+        ..readers
+    };
+    rw.assert_hash(&shorter, "d renewed for less");
+    rw.assert_lasts_as_its_holds("d renewed for less: e's end is the latest");
+    let before = rw.dump(&[]);
+    assert_eq!(
+        rw.renew(0, &[(READ, "d", t), (READ, "e", t - 1), (READ, "z", t)]),
+        vec![1, -2, 0]
+    );
+    assert_eq!(rw.dump(&[]), before, "a check changed a key");
+
+    // A tombstone: nothing held.
+    assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    rw.assert_lasts_the_window("a tombstone");
+    let before = rw.dump(&[]);
+    let ttl = rw.pttl();
+    assert_eq!(
+        rw.renew(LEASE, &[(READ, "d", t), (WRITE, "d", t)]),
         vec![0, 0]
     );
+    assert_eq!(
+        rw.dump(&[]),
+        before,
+        "a renewal of a free lock changed a key"
+    );
+    assert!(rw.pttl() <= ttl, "a renewal of a free lock pushed the ttl");
 
-    // Read: the next read hold of the same owner carries the same token (no write between).
-    let token = rw.take("read", "d", "d1");
+    // The write side.
+    let ta = rw.acquire(Bid::write("a", "a-write"))[1];
+    let holds = [
+        (WRITE, "a", ta),
+        (WRITE, "b", ta),
+        (WRITE, "a", ta - 1),
+        (READ, "a", ta),
+    ];
+    assert_eq!(rw.renew(2 * LEASE, &holds), vec![1, -1, -2, 0]);
+    let renewed = RwHash {
+        x: v("e-release,d-release"),
+        ..write_held("a", ta, 2 * LEASE, "a-write", rw.write_end(2 * LEASE))
+    };
+    rw.assert_hash(&renewed, "a's write hold renewed");
+    rw.assert_lasts_as_its_holds("a's write hold renewed");
+    let before = rw.dump(&[]);
+    assert_eq!(rw.renew(0, &holds), vec![1, -1, -2, 0]);
+    assert_eq!(rw.dump(&[]), before, "a check changed a key");
     assert_eq!(
-        ints(rw.release("read", "d", token, "d2", false)),
-        vec![1, 0]
+        ints(rw.renew_raw(LEASE, &[(Y, WRITE, "a", ta), (Y, READ, "a", ta)])),
+        vec![0, 0]
     );
-    let again = rw.take("read", "d", "d3");
-    assert_eq!(again, token, "a read hold takes the shard's last token");
-    assert_eq!(
-        ints(rw.release("read", "d", token, "d2", false)),
-        vec![1, 0]
-    );
-    assert_eq!(
-        ints(rw.inspect())[3],
-        1,
-        "the retry left the newer read hold alone"
-    );
-    assert_eq!(ints(rw.release("read", "d", again, "d4", true)), vec![1, 0]);
-    assert_eq!(ints(rw.inspect()), vec![0, 0, 0, 0, -2]);
+    assert!(!exists(&server, Y), "a renewal created a hash");
+    rw.assert_no_stray_keys();
 }
 
-/// Expired holds are purged by the next call that looks at them, and their owners' fields go
-/// with them: a writer whose lease ran out loses its op field unless it still reads.
+/// `rw_inspect.lua`: `{write held, write count, write token (0 without), live read holds, ms
+/// until the latest live hold ends (-2 with none)}`; it creates nothing.
 #[test]
-fn expired_holds_are_purged_with_their_fields() {
+fn rw_inspect_reports_the_live_holds() {
     init_tracing();
     let server = RedisServer::start();
-    let rw = Rw::new(&server);
-    let field = |f: &str| server.cmd(&["HGET", HOLD, f]).as_str();
+    let rw = Rw::new(&server, "stream");
+    assert_eq!(rw.inspect(), vec![0, 0, 0, 0, -2]);
+    assert!(!exists(&server, RW_HOLD), "inspect created the hash");
 
-    // A writer that also reads: its write lease runs out, its read hold stays.
-    let reply = ints(rw.acquire_for("write", "a", "a1", &waiter('w', "a", 0), 0, 1));
-    assert_eq!(reply[0], 1);
-    rw.take("read", "a", "a2");
-    sleep(Duration::from_millis(5));
-    // A reader whose lease runs out (a's write hold, run out, is purged on its way).
-    assert_eq!(
-        ints(rw.acquire_for("read", "d", "d1", &waiter('r', "d", 0), 0, 1))[0],
-        1
+    let t = rw.acquire(Bid::read("d", "d-read").lease(10_000))[1];
+    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
+    let inspected = rw.inspect();
+    assert_eq!(inspected[..4], [0, 0, 0, 2], "{inspected:?}");
+    rw.span().assert_contains(
+        rw.read_end("e", LEASE) - inspected[4],
+        "the time left until e's end",
     );
-    sleep(Duration::from_millis(5));
-    // Another reader comes: d's expired hold is purged on the way.
-    rw.take("read", "e", "e1");
-    assert_eq!(field("w"), None);
-    assert_eq!(field("we"), None);
-    assert_eq!(field("op:a"), Some("a2".to_owned()), "a still reads");
-    assert_eq!(field("rc:d"), None);
-    assert_eq!(field("op:d"), None);
-    assert_eq!(server.cmd(&["ZSCORE", READERS, "d"]).as_str(), None);
-    assert_eq!(ints(rw.inspect())[3], 2);
+    assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    assert_eq!(rw.inspect(), vec![0, 0, 0, 0, -2], "a tombstone");
 
-    // A writer whose lease ran out and that does not read: its op field goes.
-    server.cmd(&["FLUSHALL"]);
+    let ta = rw.acquire(Bid::write("a", "a-write"))[1];
+    assert_eq!(rw.acquire(Bid::write("a", "a-again")), vec![1, ta, 2]);
     assert_eq!(
-        ints(rw.acquire_for("write", "a", "a1", &waiter('w', "a", 0), 0, 1))[0],
-        1
+        rw.acquire(Bid::read("a", "a-read").lease(2 * LEASE)),
+        vec![1, ta, 1]
     );
-    sleep(Duration::from_millis(5));
-    let reply = ints(rw.acquire("write", "b", "b1", &waiter('w', "b", 0), 0));
-    assert_eq!(reply[0], 1);
-    assert_eq!(field("op:a"), None);
-    assert_eq!(field("w"), Some("b".to_owned()));
-    // The expired writer's release: not held.
-    assert_eq!(ints(rw.release("write", "a", 1, "a2", false)), vec![0, 0]);
+    let inspected = rw.inspect();
+    assert_eq!(inspected[..4], [1, 2, ta, 1], "{inspected:?}");
+    rw.span().assert_contains(
+        rw.read_end("a", 2 * LEASE) - inspected[4],
+        "the time left until a's read end",
+    );
 }
 
-/// A heartbeat refreshes the listed waiters, and on a free lock drops the dead waiters at the
-/// head and names the next live one; a lock listed twice is beaten once (its dead head is
-/// dropped once, and no live waiter with it).
+/// `rw_force_unlock.lua`: a lock with no live hold is left as it is (`{0}`); otherwise every
+/// read and write hold goes (`{1}`) and the queue's head is granted the lock (a wave of readers,
+/// or a writer: a new token), or the lock is freed (a tombstone for the retry window). `f` is
+/// kept; the removed holders' releases find nothing.
 #[test]
-fn a_heartbeat_drops_dead_heads_once_per_lock() {
+fn force_unlock_removes_every_hold_and_grants_the_queue_head() {
     init_tracing();
     let server = RedisServer::start();
-    let rw = Rw::new(&server);
-    let (wb, wc, wd) = (
-        waiter('w', "b", 1),
-        waiter('w', "c", 1),
-        waiter('w', "d", 1),
-    );
-    rw.free_with_queued_writers(
-        &[("b", &wb, 150), ("c", &wc, 3000), ("d", &wd, 3000)],
-        &["b", "c"],
-    );
-    sleep(Duration::from_millis(170));
-    let group = ["rw", RW_LOCK_ID, "1"];
-    let mut args = vec!["3000", MODE, "1000"];
-    args.extend(group);
-    args.push(&wc);
-    args.extend(group);
-    args.push(&wd);
-    args.extend(group);
-    args.push("wnobody.1");
-    let keys = [HOLD, READERS, QUEUE, ALIVE];
-    let mut all_keys: Vec<&str> = Vec::new();
-    for _ in 0..3 {
-        all_keys.extend(keys);
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c"]);
+    assert_eq!(rw.force_unlock(), vec![0]);
+    assert!(!exists(&server, RW_HOLD), "force unlock created the hash");
+
+    let ta = rw.acquire(Bid::write("a", "a-write"))[1];
+    assert_eq!(rw.acquire(Bid::write("a", "a-again")), vec![1, ta, 2]);
+    assert_eq!(rw.acquire(Bid::read("a", "a-read")), vec![1, ta, 1]);
+    let rb = Bid::read("b", "b-wait").waiting("rb");
+    let wc = Bid::write("c", "c-wait").waiting("wc");
+    // The bound: the latest of a's ends (its write hold's and its read hold's).
+    let until = rw.latest_end().unwrap();
+    for bid in [rb, wc] {
+        rw.assert_busy(&rw.acquire(bid), until, bid.waiter);
     }
-    all_keys.extend([EVENTS, SEQ]);
-    let codes = ints(rw.eval(&rw.heartbeat, &all_keys, &args));
-    assert_eq!(codes, vec![1, 1, 0]);
-    let queue: Vec<String> = server
-        .cmd(&["LRANGE", QUEUE, "0", "-1"])
-        .as_array()
-        .iter()
-        .filter_map(Resp::as_str)
-        .collect();
-    assert_eq!(queue, vec![wc.clone(), wd.clone()]);
-    assert_eq!(server.cmd(&["ZSCORE", ALIVE, &wb]).as_str(), None);
-    // c, the new head, was named in its inbox.
-    let last = server.cmd(&["XREVRANGE", &inbox("c"), "+", "-", "COUNT", "1"]);
-    let entry = format!("{last:?}");
-    assert!(
-        entry.contains(&format!("0|name|{wc}|{RW_LOCK_ID}")),
-        "{entry}"
+    let wc_line = rw.queued(wc);
+
+    assert_eq!(rw.force_unlock(), vec![1]);
+    rw.assert_stamped("b", "rb's grant by force");
+    let b_reads = no_writer(RwHash {
+        f: v(ta),
+        l: v(LEASE),
+        r: v("a-again"),
+        x: v(""),
+        q: lines(&[wc_line]),
+        s: lines(&[rw.reader("b", 1, ta, WAITER_LEASE, "rb", "rb")]),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&b_reads, "a's holds removed, rb granted");
+    rw.assert_lasts_as_its_holds("rb granted");
+    assert_eq!(
+        rw.inbox_events("b"),
+        [rw_grants(ta, true, &[("rb", WAITER_LEASE)])]
     );
+    let before = rw.dump(&[]);
+    assert_eq!(rw.release_all(WRITE, "a", ta, "a-release"), vec![0, 0]);
+    assert_eq!(rw.release(READ, "a", ta, "a-read-release"), vec![0, 0]);
+    assert_eq!(
+        rw.dump(&[]),
+        before,
+        "a removed holder's release changed a key"
+    );
+
+    let clock = rw.clock();
+    assert_eq!(rw.force_unlock(), vec![1]);
+    let tc = rw.token();
+    assert_drawn(tc, ta, clock, "wc's grant by force");
+    let c_granted = write_granted("c", tc, WAITER_LEASE, "wc", rw.write_end(WAITER_LEASE), "");
+    rw.assert_hash(&c_granted, "b's hold removed, wc granted");
+    assert_eq!(
+        rw.inbox_events("c"),
+        [rw_grant("wc", tc, WAITER_LEASE, false)]
+    );
+
+    assert_eq!(rw.force_unlock(), vec![1]);
+    let freed = no_writer(c_granted);
+    rw.assert_hash(&freed, "c's hold removed, nobody queued");
+    rw.assert_lasts_the_window("freed by force");
+    let before = rw.dump(&[]);
+    assert_eq!(rw.force_unlock(), vec![0]);
+    assert_eq!(
+        rw.dump(&[]),
+        before,
+        "force unlock of a free lock changed a key"
+    );
+    let ahead = rw.push_ahead();
+    assert_eq!(
+        rw.acquire(Bid::write("d", "d-write")),
+        vec![1, ahead + 1, 1]
+    );
+
+    // Only lapsed holds (the hash outlived them, as after a failover to a server whose clock
+    // runs behind): nothing to remove ({0}), but the queue gets its turn.
+    server.cmd(&["DEL", RW_HOLD]);
+    let te = rw.acquire(Bid::write("e", "e-write").lease(100))[1];
+    let wc2 = Bid {
+        op: "c-wait-2",
+        waiter: "wc2",
+        ..wc
+    };
+    rw.assert_busy(&rw.acquire(wc2), rw.write_end(100), "wc2 waits");
+    server.cmd(&["PEXPIRE", RW_HOLD, "10000"]);
+    sleep(Duration::from_millis(150));
+    let clock = rw.clock();
+    assert_eq!(rw.force_unlock(), vec![0]);
+    let tc = rw.token();
+    assert_drawn(tc, te, clock, "wc2's grant by force");
+    rw.assert_hash(
+        &write_granted("c", tc, WAITER_LEASE, "wc2", rw.write_end(WAITER_LEASE), ""),
+        "wc2 granted past e's lapsed hold",
+    );
+    assert_eq!(
+        rw.inbox_events("c").last(),
+        Some(&rw_grant("wc2", tc, WAITER_LEASE, false))
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// `rw_leave.lua`: a waiter that gives up leaves its queue line (only its own); a waiter a
+/// release had granted the write hold passes the lock on (here to a wave of readers); a reader
+/// granted a read hold releases it (a re-entered one keeps its other levels, granted to
+/// nobody then), and the last one passes the lock on to the writer at the head. The waiter id
+/// joins the freed-by chain when the leave frees a hold; leaving twice, or a lock with no hash,
+/// changes nothing.
+#[test]
+fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c", "d", "e"]);
+    assert_eq!(rw.leave("wb"), vec![0]);
+    assert!(!exists(&server, RW_HOLD), "leaving created the hash");
+
+    let t = rw.acquire(Bid::write("a", "a-write"))[1];
+    let a_end = rw.write_end(LEASE);
+    let wb = Bid::write("b", "b-wait").waiting("wb");
+    let rc = Bid::read("c", "c-wait").waiting("rc");
+    let rx = Bid::read("x", "x-wait").waiting("rx");
+    let re = Bid::read("e", "e-wait").waiting("re");
+    let wd = Bid::write("d", "d-wait").waiting("wd");
+    for bid in [wb, rc, rx, re, wd] {
+        rw.assert_busy(&rw.acquire(bid), a_end, bid.waiter);
+    }
+    let [wb_line, rc_line, re_line, wd_line] = [wb, rc, re, wd].map(|bid| rw.queued(bid));
+    assert_eq!(rw.leave("rx"), vec![1]);
+    let a_holds = RwHash {
+        x: v(""),
+        q: lines(&[wb_line, rc_line, re_line, wd_line.clone()]),
+        ..write_held("a", t, LEASE, "a-write", a_end)
+    };
+    rw.assert_hash(&a_holds, "rx left the queue");
+    let before = rw.dump(&[]);
+    for waiter in ["rx", "r", "wz"] {
+        assert_eq!(rw.leave(waiter), vec![0], "{waiter}");
+    }
+    assert_eq!(rw.dump(&[]), before, "a leave of nobody changed a key");
+
+    // a's release grants the lock to wb; wb leaves before it took it up: rc and re get it.
+    assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
+    let tb = rw.token();
+    assert_eq!(
+        rw.inbox_events("b"),
+        [rw_grant("wb", tb, WAITER_LEASE, true)]
+    );
+    assert_eq!(rw.leave("wb"), vec![1]);
+    rw.assert_stamped("c", "rc's grant");
+    rw.assert_stamped("e", "re's grant");
+    let e_line = rw.reader("e", 1, tb, WAITER_LEASE, "re", "re");
+    let wave = no_writer(RwHash {
+        f: v(tb),
+        l: v(WAITER_LEASE),
+        r: v("wb"),
+        x: v("wb,a-release"),
+        q: lines(&[wd_line]),
+        s: lines(&[
+            rw.reader("c", 1, tb, WAITER_LEASE, "rc", "rc"),
+            e_line.clone(),
+        ]),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&wave, "wb's grant passed on to rc and re");
+    for (client, waiter) in [("c", "rc"), ("e", "re")] {
+        assert_eq!(
+            rw.inbox_events(client),
+            [rw_grants(tb, true, &[(waiter, WAITER_LEASE)])]
+        );
+    }
+    let before = rw.dump(&[]);
+    assert_eq!(rw.leave("wb"), vec![0]);
+    assert_eq!(rw.dump(&[]), before, "a second leave changed a key");
+
+    // c re-enters before rc read its grant; rc leaves: c keeps one level, granted to nobody.
+    assert_eq!(rw.acquire(Bid::read("c", "c-again")), vec![1, tb, 2]);
+    assert_eq!(rw.leave("rc"), vec![1]);
+    let c_line = rw.reader("c", 1, tb, LEASE, "c-again", "-");
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[e_line, c_line]),
+            ..wave.clone()
+        },
+        "rc left its level",
+    );
+    assert_eq!(rw.release(READ, "c", tb, "c-release"), vec![1, 0]);
+    assert!(rw.inbox_events("d").is_empty(), "d was sent to early");
+
+    // re leaves, the last read hold: wd is granted the lock.
+    let clock = rw.clock();
+    assert_eq!(rw.leave("re"), vec![1]);
+    let td = rw.token();
+    assert_drawn(td, tb, clock, "wd's grant from re");
+    rw.assert_hash(
+        &write_granted(
+            "d",
+            td,
+            WAITER_LEASE,
+            "wd",
+            rw.write_end(WAITER_LEASE),
+            "re,c-release,wb,a-release",
+        ),
+        "re's grant passed on to wd",
+    );
+    assert_eq!(
+        rw.inbox_events("d"),
+        [rw_grant("wd", td, WAITER_LEASE, false)]
+    );
+
+    // wd leaves too, nobody queued: a tombstone; the releases before stay answered.
+    assert_eq!(rw.leave("wd"), vec![1]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(td),
+            l: v(WAITER_LEASE),
+            r: v("wd"),
+            x: v("wd,re,c-release,wb,a-release"),
+            q: v(""),
+            s: v(""),
+            ..RwHash::default()
+        }),
+        "freed by wd's leave",
+    );
+    rw.assert_lasts_the_window("freed by wd's leave");
+    let before = rw.dump(&[]);
+    assert_eq!(rw.leave("wd"), vec![0]);
+    assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
+    assert_eq!(rw.dump(&[]), before, "a leave or retry changed a key");
+    rw.assert_no_stray_keys();
+}
+
+/// `rw_heartbeat.lua`: per waiter id, 1 when it is queued (its alive time moved one waiter
+/// lease on), granted the write hold (`g`) or a read hold (the waiter column of a line); 0
+/// otherwise (an op id, an owner id, a prefix, a lock with no hash). It writes nothing but the
+/// alive times of the queued waiters it names: every other field stays, the ttl is not pushed,
+/// and nothing is created.
+#[test]
+fn the_heartbeat_finds_queued_and_granted_waiters_and_moves_only_their_alive_time() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c"]);
+    const GONE: &str = "{t:0}:rw:gone";
+    let beat = |ids: &[&str], expected: &[i64], what: &str| {
+        let ttl = rw.pttl();
+        assert_eq!(rw.heartbeat(ids), expected, "{what}");
+        assert!(rw.pttl() <= ttl, "{what}: the ttl was pushed");
+    };
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    let wb = Bid::write("b", "b-wait").waiting("wb");
+    let rc = Bid::read("c", "c-wait").waiting("rc");
+    for bid in [wb, rc] {
+        rw.assert_busy(&rw.acquire(bid), rw.read_end("d", LEASE), bid.waiter);
+    }
+    let before = rw.hash();
+    beat(
+        &["wb", "rc", "w", "d-read", "d", "rz"],
+        &[1, 1, 0, 0, 0, 0],
+        "wb and rc queued",
+    );
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rw.queued(wb), rw.queued(rc)]),
+            ..before
+        },
+        "the queued waiters' alive times moved on",
+    );
+
+    // d's release grants the lock to wb: 1 by g, nothing moved for it.
+    assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
+    let tb = rw.token();
+    let before = rw.hash();
+    beat(&["wb", "rc"], &[1, 1], "wb granted, rc queued");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rw.queued(rc)]),
+            ..before
+        },
+        "rc's alive time moved on",
+    );
+
+    // b's release grants rc a read hold: 1 by its line's waiter column; nothing written.
+    assert_eq!(rw.release(WRITE, "b", tb, "b-release"), vec![1, 0]);
+    let before = rw.dump(&[GONE]);
+    beat(&["wb", "rc", "c", "b-release"], &[0, 1, 0, 0], "rc granted");
+    assert_eq!(
+        ints(rw.heartbeat_raw(
+            WAITER_LEASE,
+            &[(RW_HOLD, &["rc"]), (GONE, &["rc"]), (RW_HOLD, &[])]
+        )),
+        vec![1, 0]
+    );
+    assert_eq!(rw.dump(&[GONE]), before, "a heartbeat wrote");
+    assert!(!exists(&server, GONE), "a heartbeat created a hash");
+
+    // c's release: a tombstone; then the hash expires.
+    assert_eq!(rw.release(READ, "c", tb, "c-release"), vec![1, 0]);
+    beat(&["wb", "rc"], &[0, 0], "freed");
+    server.cmd(&["PEXPIRE", RW_HOLD, "1"]);
+    sleep(Duration::from_millis(20));
+    assert_eq!(rw.heartbeat(&["wb", "rc"]), vec![0, 0]);
+    assert!(!exists(&server, RW_HOLD), "a heartbeat created the hash");
+    rw.assert_no_stray_keys();
+}
+
+/// The hash's ttl is the latest end of its holds (the write end and every read line's): it
+/// grows and shrinks with them (a writer's own read hold may outlast its write hold). With no
+/// hold left it is the retry window (a tombstone keeping `f` and the freed-by chain); once it
+/// expired, the next take draws from the fence key again, above every token before.
+#[test]
+fn the_hash_lasts_as_its_latest_hold_then_the_retry_window() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let ta = rw.acquire(Bid::write("a", "a-write").lease(5_000))[1];
+    rw.assert_lasts_as_its_holds("a's write hold");
+    assert_eq!(
+        rw.acquire(Bid::read("a", "a-read").lease(20_000)),
+        vec![1, ta, 1]
+    );
+    rw.assert_lasts_as_its_holds("a's read hold outlasts its write hold");
+    assert_eq!(rw.latest_end(), Some(rw.read_end("a", 20_000)));
+    assert_eq!(
+        rw.acquire(Bid::write("a", "a-again").lease(40_000)),
+        vec![-2]
+    );
+    assert_eq!(rw.release(WRITE, "a", ta, "a-release"), vec![1, 0]);
+    rw.assert_lasts_as_its_holds("a's read hold left");
+    assert_eq!(
+        rw.acquire(Bid::read("b", "b-read").lease(40_000)),
+        vec![1, ta, 1]
+    );
+    rw.assert_lasts_as_its_holds("b's read hold is the latest");
+    assert_eq!(rw.latest_end(), Some(rw.read_end("b", 40_000)));
+    assert_eq!(rw.release(READ, "b", ta, "b-release"), vec![1, 0]);
+    rw.assert_lasts_as_its_holds("shrunk back to a's read hold");
+    assert_eq!(rw.latest_end(), Some(rw.read_end("a", 20_000)));
+    assert_eq!(rw.release(READ, "a", ta, "a-read-release"), vec![1, 0]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(ta),
+            l: v(5_000),
+            r: v("a-write"),
+            x: v("a-read-release,b-release,a-release"),
+            q: v(""),
+            s: v(""),
+            ..RwHash::default()
+        }),
+        "a tombstone",
+    );
+    rw.assert_lasts_the_window("a tombstone");
+
+    server.cmd(&["PEXPIRE", RW_HOLD, "1"]);
+    sleep(Duration::from_millis(20));
+    assert!(!exists(&server, RW_HOLD), "the tombstone did not expire");
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid::read("c", "c-read"));
+    assert_eq!((taken[0], taken[2]), (1, 1), "{taken:?}");
+    assert_drawn(
+        taken[1],
+        ta,
+        clock,
+        "a read take after the tombstone expired",
+    );
+    assert_eq!(
+        fence_value(&server, FENCE),
+        (taken[1] as u64, LAYOUT.to_owned())
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// `rw_leave.lua` of the writer at the head of the queue while readers hold the lock: the
+/// readers queued behind it are the queue's turn at once (a wave beside the read holds there).
+#[test]
+fn the_writer_at_the_head_that_leaves_lets_the_readers_behind_it_in() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c"]);
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    let d_end = rw.read_end("d", LEASE);
+    let wb = Bid::write("b", "b-wait").waiting("wb");
+    let rc = Bid::read("c", "c-wait").waiting("rc");
+    for bid in [wb, rc] {
+        rw.assert_busy(&rw.acquire(bid), d_end, bid.waiter);
+    }
+    let d_line = rw.reader("d", 1, t, LEASE, "d-read", "-");
+    assert_eq!(rw.leave("wb"), vec![1]);
+    rw.assert_stamped("c", "rc's grant");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(t),
+            x: v(""),
+            q: v(""),
+            s: lines(&[d_line, rw.reader("c", 1, t, WAITER_LEASE, "rc", "rc")]),
+            ..RwHash::default()
+        }),
+        "rc granted once wb left",
+    );
+    rw.assert_lasts_as_its_holds("d and c read");
+    assert_eq!(
+        rw.inbox_events("c"),
+        [rw_grants(t, false, &[("rc", WAITER_LEASE)])]
+    );
+    assert!(rw.inbox_events("b").is_empty(), "b was sent to");
+    rw.assert_no_stray_keys();
+}
+
+/// A write release naming a successor of its own owner while that owner holds a read hold (a
+/// downgrade): the successor would ask for an upgrade, which its own attempt refuses, so it is
+/// not named: a plain release (`{1, 0}`), the read hold kept, no hand-over, no queue line.
+#[test]
+fn a_take_over_never_names_a_successor_that_reads() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let ta = rw.acquire(Bid::write("a", "a-write"))[1];
+    assert_eq!(rw.acquire(Bid::read("a", "a-read")), vec![1, ta, 1]);
+    let before = rw.hash();
+    assert_eq!(rw.take_over("a", ta, "a-release", ("a", "wa")), vec![1, 0]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            x: v("a-release"),
+            ..before
+        }),
+        "a's write released, nobody named",
+    );
+    rw.assert_lasts_as_its_holds("a's read hold left");
+    assert_eq!(
+        rw.acquire(Bid::write("a", "a-again").waiting("wa")),
+        vec![-2]
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// The heartbeat counts a grant only while its hold is live: a write hold, or a read line,
+/// granted to a waiter and lapsed since (the hash outlived it) is not that waiter's place any
+/// more (0: it must try again).
+#[test]
+fn the_heartbeat_counts_only_live_grants() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c"]);
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    // Both are granted their holds for 100 ms.
+    let wb = Bid::write("b", "b-wait").waiting("wb").lease(100);
+    let rc = Bid::read("c", "c-wait").waiting("rc").lease(100);
+    for bid in [wb, rc] {
+        rw.assert_busy(&rw.acquire(bid), rw.read_end("d", LEASE), bid.waiter);
+    }
+    assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
+    assert_eq!(hold_owner(&server, RW_HOLD).as_deref(), Some("b"));
+    assert_eq!(rw.heartbeat(&["wb", "rc"]), vec![1, 1]);
+    server.cmd(&["PEXPIRE", RW_HOLD, "10000"]);
+    sleep(Duration::from_millis(150));
+    assert_eq!(rw.heartbeat(&["wb", "rc"]), vec![0, 1], "wb's grant lapsed");
+
+    // rc's attempt finds the lock free: its wave is granted, then lapses.
+    let answered = rw.acquire(Bid {
+        op: "c-wait-2",
+        ..rc
+    });
+    let tb = rw.token();
+    let c_end = rw.read_end("c", 100);
+    rw.assert_granted_already(&answered, tb, 1, c_end, "rc's grant");
+    assert_eq!(rw.heartbeat(&["wb", "rc"]), vec![0, 1]);
+    server.cmd(&["PEXPIRE", RW_HOLD, "10000"]);
+    sleep(Duration::from_millis(150));
+    assert_eq!(rw.heartbeat(&["wb", "rc"]), vec![0, 0], "rc's grant lapsed");
+    rw.assert_no_stray_keys();
 }
