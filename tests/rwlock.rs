@@ -9,8 +9,8 @@ use std::time::Duration;
 use fred::interfaces::KeysInterface;
 use fredlock::{Config, Error, Lease, LockClient, NotificationMode, Owner};
 use support::{
-    emit_result, eventually_async, init_tracing, is_worker, parse_mode, spawn_worker_handle,
-    worker_param, RedisServer, HANG, MODES,
+    emit_result, eventually_async, init_tracing, is_worker, parse_mode, poll_once,
+    spawn_worker_handle, worker_param, RedisServer, HANG, MODES,
 };
 
 /// One shard, so the test can name the lock's hash: `{prefix:0}:rw:<name>`.
@@ -423,6 +423,103 @@ async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
         holder.unlock().await.unwrap();
         assert_no_leftovers(&server, &prefix, "doc");
         locks.shutdown().await.unwrap();
+    }
+}
+
+/// A writer that asks again right after its own write release (a worker loop) joins the
+/// queue's tail in that release's call: A's write hold came by a grant with reader B queued
+/// behind it, so A's `unlock()` is deferred; A's next `write()` sends the release naming
+/// itself, which grants B its read hold and queues A behind it, and A then waits for its own
+/// grant without an attempt of its own.
+#[tokio::test(flavor = "current_thread")]
+async fn a_writer_that_writes_again_right_after_its_release_queues_behind_the_readers() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("rewrite-{}", mode.as_str());
+        let connect = || LockClient::connect(config(&server.url(), mode, &prefix));
+        let (a, b, c) = (
+            connect().await.unwrap(),
+            connect().await.unwrap(),
+            connect().await.unwrap(),
+        );
+        let lock = |client: &LockClient| {
+            client
+                .rwlock("loop")
+                .unwrap()
+                .with_lease(Lease::fixed(Duration::from_secs(120)))
+                .unwrap()
+        };
+        let c_guard = lock(&c).write().await.unwrap();
+        let a_task = {
+            let rw = lock(&a);
+            tokio::spawn(async move { rw.write().await })
+        };
+        eventually_async("A queued", || async {
+            queue_len(&server, &prefix, "loop") == 1
+        })
+        .await;
+        let b_task = {
+            let rw = lock(&b);
+            tokio::spawn(async move { rw.read().await })
+        };
+        eventually_async("B queued", || async {
+            queue_len(&server, &prefix, "loop") == 2
+        })
+        .await;
+        c_guard.unlock().await.unwrap();
+        let a_guard = tokio::time::timeout(HANG, a_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let first = a_guard.fencing_token();
+
+        a_guard.unlock().await.unwrap();
+        assert_eq!(
+            a.stats().deferred_releases,
+            1,
+            "{mode:?}: A's release waits"
+        );
+        let attempts = a.stats().attempts;
+        // On one thread, A's release task cannot run before A's write() names itself.
+        let a_lock = lock(&a);
+        let mut again = Box::pin(async move { a_lock.write().await });
+        poll_once("A's write()", &mut again).await;
+        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}: taken over");
+        let again = tokio::spawn(again);
+        let b_guard = tokio::time::timeout(HANG, b_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            b_guard.fencing_token(),
+            first,
+            "{mode:?}: B reads after A's write"
+        );
+        eventually_async("A queued behind B", || async {
+            queue_len(&server, &prefix, "loop") == 1
+        })
+        .await;
+        assert!(field(&server, &prefix, "loop", "o").is_empty(), "{mode:?}");
+        b_guard.unlock().await.unwrap();
+        let a_again = tokio::time::timeout(HANG, again)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(a_again.fencing_token() > first, "{mode:?}: A after B");
+        assert_eq!(
+            a.stats().attempts,
+            attempts,
+            "{mode:?}: A queued by its release's call, granted by B's"
+        );
+        a_again.unlock().await.unwrap();
+        assert_no_leftovers(&server, &prefix, "loop");
+        for client in [a, b, c] {
+            client.shutdown().await.unwrap();
+        }
     }
 }
 
