@@ -239,7 +239,7 @@ pub fn targets(report: &Report) -> Vec<TargetRow> {
 /// The S7 targets of issue #15, per mode; every shape must meet each.
 fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
     type Check = fn(&S7Result, &S7Row) -> (String, bool);
-    let checks: [(LockKind, &str, Check); 9] = [
+    let checks: [(LockKind, &str, Check); 11] = [
         (
             LockKind::Mutex,
             "Mutex Redis commands / acq ≤ 8",
@@ -281,6 +281,15 @@ fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
             (r.result.inversions.to_string(), r.result.inversions == 0)
         }),
         (LockKind::Mutex, "Mutex violations = 0", |_, r| {
+            let v = r.result.violations();
+            (v.to_string(), v == 0)
+        }),
+        (
+            LockKind::RwLock,
+            "RwLock write: Redis commands / acq ≤ the Mutex budget (8)",
+            |_, r| commands_at_most(r, MUTEX_COMMANDS),
+        ),
+        (LockKind::RwLock, "RwLock violations = 0", |_, r| {
             let v = r.result.violations();
             (v.to_string(), v == 0)
         }),
