@@ -27,13 +27,13 @@
 -- ARGV[11] retry-window  ms: the ttl of a lock left with no hold (the tombstone)
 -- ARGV[12] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
 --
--- Returns {1, fencing token, hold count} when acquired or re-entered (a read hold's token is
---           the lock's f when the owner's read hold began),
+-- Returns {1, fencing token, hold count} when acquired or re-entered (every new read hold
+--           draws its own token, as a write hold does; a downgrade carries the write's),
 --         {1, fencing token, hold count, remaining ms} when a release had already granted
 --           the hold to this acquisition (its event has not been read yet),
---         {0, bound ms, mark} when it must wait: the latest end of the lock's live holds,
---           which it looks again after (event or not), and the server clock in us (a grant
---           stamped above it was made after this reply, lib/rw.lua),
+--         {0, bound ms, fencing token} when it must wait: the latest end of the lock's live
+--           holds, which it looks again after (event or not), and the lock's f (a grant read
+--           later with a token not above it was made before this reply),
 --         {-2} when the owner holds a read hold and asked for a write hold,
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
 --         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold or the fence
@@ -129,7 +129,7 @@ if takes then
       return redis.error_reply(refusal)
     end
     token = fl_fence_next(fence, fence_arg, last, now_us)
-  elseif writing then
+  else
     token = fl_token_after(tonumber(token), now_us)
   end
   if writing then
@@ -165,4 +165,4 @@ local bound = fl_rw_last(state) - now_ms
 if bound < 1 then
   bound = math.max(waiter_lease, 1000)
 end
-return {0, bound, now_us}
+return {0, bound, tonumber(fields[3]) or 0}

@@ -71,8 +71,9 @@ end
 -- at the head that kept the readers behind it waiting.
 local went = false
 if q ~= '' and not state.writer then
-  went = fl_rw_grant(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id, nil,
-    window)
+  -- It writes the queue without the waiters it dropped, and returns it.
+  went, q = fl_rw_grant(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id,
+    nil, window)
 end
 if not went then
   redis.call('HSET', hold, 'q', q, 'x', freed_by, 's', fl_rw_readers(state))

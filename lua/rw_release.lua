@@ -33,8 +33,8 @@
 --         {1, 0, token, queued} when the write hold was handed to the successor with this
 --           fencing token (also when this call is a retry of a release that did so); queued
 --           is 1 when waiters stay queued behind it, else 0,
---         {2, bound ms, mark} when the lock went to the queue and the successor joined the
---           queue: the latest end of the lock's live holds and the server clock in us, as in
+--         {2, bound ms, token} when the lock went to the queue and the successor joined the
+--           queue: the latest end of the lock's live holds and the lock's f, as in
 --           rw_acquire's busy reply (also to a retry, while the successor is queued),
 --         {0, 0} when the hold is not there (expired or released),
 --         {-1, 0} when the owner's hold carries another token (a newer hold of this owner),
@@ -56,9 +56,10 @@ local now_ms = math.floor(now_us / 1000)
 local state = fl_rw_state(fields, now_ms, owner)
 local q = fields[7] or ''
 
--- The bound and mark of a busy reply, for a successor that queued.
+-- The bound and token of a busy reply, for a successor that queued: the lock's f, which a
+-- grant made after it goes above.
 local function queued_reply()
-  return {2, math.max(fl_rw_last(state) - now_ms, 1), now_us}
+  return {2, math.max(fl_rw_last(state) - now_ms, 1), tonumber(state.f or fields[3])}
 end
 
 -- Frees what is left once the hold is gone: grants the queue its turn if it may have it, else
@@ -136,7 +137,7 @@ state.writer, state.ends = false, 0
 
 -- The successor takes the write hold over when nobody else is in line for it.
 local function hand_over()
-  local next_token = fl_token_after(tonumber(fields[3]), now_us)
+  local next_token = fl_token_after(tonumber(state.f or fields[3]), now_us)
   state.writer, state.ends = successor, now_ms + successor_lease
   redis.call('HSET', hold, 'o', successor, 'c', 1, 'f', next_token, 'l', successor_lease,
     'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter, 'e', state.ends,
@@ -146,9 +147,9 @@ local function hand_over()
 end
 
 -- A successor that holds a read hold itself asks for an upgrade, which its own attempt refuses:
--- it is not named here.
-if successor == '' or (successor == owner and state.mine) or
-    fl_find_word(state.others, successor, 10, 32) then
+-- it is not named here; nor is a reader (only the write side takes a write release over).
+if successor == '' or string.byte(successor_waiter, 1) ~= 119 or
+    (successor == owner and state.mine) or fl_find_word(state.others, successor, 10, 32) then
   settle(freed_by)
   return {1, 0}
 end

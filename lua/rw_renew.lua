@@ -24,7 +24,8 @@ end
 local codes = {}
 for i, hold in ipairs(KEYS) do
   local side, owner, token = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
-  local fields = all[i]
+  -- Read again: an earlier hold of the batch may be of the same lock, and wrote it.
+  local fields = i > 1 and fl_rw_read(hold) or all[i]
   local state = fl_rw_state(fields, now_ms, owner)
   local code
   if side == 'write' then

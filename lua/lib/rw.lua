@@ -5,14 +5,16 @@
 -- One hash per read-write lock (KEYS[1]) is its whole state, as for the exclusive locks, whose
 -- fields, tokens, tombstone and wait queue it shares (lib/hold.lua):
 --   o c f l r x g q  the write hold, the retry records and the wait queue, as in lib/hold.lua
---                    (f: the token of the latest write hold; while no write hold was ever
---                    taken, the token drawn by the first read hold). The lock is fair, so t is
---                    never set and the queue lines' since column is 0
+--                    (f: the latest token the lock issued, to a write or a read hold). The
+--                    lock is fair, so t is never set
 --   e  the write hold's lease end, server clock in ms ("" without a writer). The hash's ttl is
 --      the latest end of any of its holds, so a writer's own read hold (a downgrade) may keep
 --      the hash past the write hold's lease: the write hold counts only while e is ahead
 --   s  the read holds, one line per owner: "<owner> <count> <token> <end ms> <op> <waiter>\n":
---      its re-entry depth, its token (f when the owner's read hold began), its lease end
+--      its re-entry depth, its token (drawn when the owner's read hold began, as a write
+--      hold's is: max(f + 1, server clock in us), so no two read holds of a lock share one and
+--      a stale call of an ended read hold is refused; a downgrade carries its write hold's
+--      token), its lease end
 --      (server ms), the op id of the last call applied to it, and the waiter id a release
 --      granted it under ("-" for a read hold its owner took by an attempt). A line counts only
 --      while its end is ahead; the scripts drop lapsed lines as they meet them
@@ -24,9 +26,9 @@
 -- it: a writer that died waiting must not keep new readers out while readers hold the lock.
 -- A writer at the head of the queue is granted the lock alone, once no read hold is left; the
 -- readers at the head, up to the first writer, are granted read holds together (a wave), with
--- one event per client: "0|grants|<token>,<stamp>,<queued>,<waiter>:<grant ms>,...|<lock id>"
--- (stamp: the server clock in us at the grant, above the mark of every busy reply the readers
--- got before it, as a granted write token is: src/notify/event.rs). A reader
+-- one event per client: "0|grants|<queued>,<waiter>:<grant ms>:<token>,...|<lock id>" (each
+-- granted hold draws its own token, so a waiter dates its grant by the token, as for a write
+-- hold: src/engine/acquire.rs). A reader
 -- whose owner holds a read hold already is not granted a second one: it is woken by name and
 -- re-enters by its own call (one line per owner keeps one count, which a retried grant could
 -- not tell apart from a re-entry).
@@ -51,10 +53,10 @@
 -- fl_rw_live(q, now_ms)              -> q without the waiters whose time passed, and whether a
 --                                       writer is left in it
 -- fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
---   -> "w" (a writer was granted the lock: state.token is its token), "r" (readers were granted
+--   -> "w" (a writer was granted the lock), "r" (readers were granted
 --   read holds, or woken to re-enter) or false (nothing granted: the queue is empty or held
 --   only waiters whose client is gone, or its head is a writer and read holds are left), and
---   the queue left, which it wrote (with x) when it changed.
+--   the queue left, which it wrote (with x) when it changed. state.f is then the lock's f.
 --   Grants from the head of q, dropping waiters whose client is gone on the way (their time
 --   passed, or fl_emit_to finds nobody there):
 --   the first writer when no read hold is left, or every reader up to the first writer. Called
@@ -165,7 +167,12 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
   local at, size = 1, #q
   local wave, woken, held = {}, {}, {}
   local lines, readers = {}, state.readers
-  local token
+  -- Every hold granted here draws its own token above the last: max(last + 1, clock).
+  local last = tonumber(f) or 0
+  local function next_token()
+    last = math.max(last + 1, now_us)
+    return string.format('%.0f', last)
+  end
   while at <= size do
     local stop = string.find(q, '\n', at, true)
     local waiter, inbox, owner, lasts, alive =
@@ -181,27 +188,29 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
         woken[#woken + 1] = {inbox, waiter}
       else
         held[owner] = true
-        token = token or f
+        local token = next_token()
         local ends = now_ms + tonumber(lasts)
         lines[#lines + 1] = fl_rw_line(owner, 1, token, ends, waiter, waiter)
-        wave[#wave + 1] = {inbox, waiter, lasts, owner, ends}
+        wave[#wave + 1] = {inbox, waiter, lasts, owner, ends, token}
       end
     elseif waiter and #wave == 0 and #woken == 0 and readers == 0 then
       -- A writer, with no read hold left: granted the lock alone.
       at = stop + 1
-      local text = fl_token_after(tonumber(f), now_us)
+      local text = next_token()
       local left = string.sub(q, at) .. (tail or '')
       local ends = now_ms + tonumber(lasts)
       redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
         'x', x, 'q', left, 'g', waiter, 'e', ends, 's', fl_rw_readers(state))
+      state.f = text
       local queued = left ~= '' and 1 or 0
       if fl_emit_to(events .. ':to:' .. inbox, mode,
           '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
-        state.writer, state.ends, state.token = owner, ends, text
+        state.writer, state.ends = owner, ends
         fl_rw_keep(hold, state, now_ms, window)
         return 'w', left
       end
-      -- Its client is gone: the next waiter's turn (the hash is written again).
+      -- Its client is gone: the next waiter's turn (the hash is written again; f stays
+      -- where it went, tokens only grow).
       redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
     elseif waiter then
       break
@@ -228,9 +237,10 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     end
   end
   state.readers = state.readers + #wave
+  state.f = string.format('%.0f', last)
   -- No write hold is left (the caller grants only then): its fields go with the same write.
-  redis.call('HSET', hold, 's', fl_rw_readers(state), 'q', left, 'x', x, 'o', '', 'c', 0,
-    'g', '', 'e', '')
+  redis.call('HSET', hold, 's', fl_rw_readers(state), 'q', left, 'x', x, 'f', state.f,
+    'o', '', 'c', 0, 'g', '', 'e', '')
   fl_rw_keep(hold, state, now_ms, window)
   -- One event per client: its granted readers, then its readers woken by name.
   local by_inbox, order = {}, {}
@@ -241,12 +251,12 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
       order[#order + 1] = inbox
     end
     local list = by_inbox[inbox]
-    list[#list + 1] = reader[2] .. ':' .. reader[3]
+    list[#list + 1] = reader[2] .. ':' .. reader[3] .. ':' .. reader[6]
   end
-  local gone, stamp = {}, string.format('%.0f', now_us)
+  local gone = {}
   for _, inbox in ipairs(order) do
-    local payload = '0|grants|' .. token .. ',' .. stamp .. ',' .. queued .. ',' ..
-      table.concat(by_inbox[inbox], ',') .. '|' .. lock_id
+    local payload = '0|grants|' .. queued .. ',' .. table.concat(by_inbox[inbox], ',') ..
+      '|' .. lock_id
     if not fl_emit_to(events .. ':to:' .. inbox, mode, payload) then
       gone[inbox] = true
     end
@@ -260,7 +270,7 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     state.last = last_before
     for _, reader in ipairs(wave) do
       if not gone[reader[1]] then
-        kept[#kept + 1] = fl_rw_line(reader[4], 1, token, reader[5], reader[2], reader[2])
+        kept[#kept + 1] = fl_rw_line(reader[4], 1, reader[6], reader[5], reader[2], reader[2])
         state.last = math.max(state.last, reader[5])
       end
     end
@@ -270,7 +280,8 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     fl_rw_keep(hold, state, now_ms, window)
     if #kept == 0 and state.readers == 0 then
       -- Nobody of the wave was there: the next in line.
-      return fl_rw_grant(hold, f, left, state, now_us, x, events, mode, lock_id, nil, window)
+      return fl_rw_grant(hold, state.f, left, state, now_us, x, events, mode, lock_id, nil,
+        window)
     end
   end
   return 'r', left

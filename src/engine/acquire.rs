@@ -150,7 +150,7 @@ async fn acquire_loop(
     // The first wait may come before any attempt: after a take-over that found the queue's
     // turn (it queued this waiter), or behind a hold of this client (see `wait_first`).
     let mut first_wait = None;
-    if driver.engine().parked.contains(driver.keys().id()) {
+    if driver.engine().parked.parked_for(driver.as_ref()) {
         // A release of this client is deferred for a task that asks right after it: this one.
         let sent_at = Instant::now();
         match Box::pin(take_over(&driver, &owner, &waiter, lease, patience)).await {
@@ -472,16 +472,16 @@ async fn take_up(
 }
 
 /// When a granted hold began in local time (at the latest), and how long it lasts from then,
-/// from this waiter's last busy attempt (`last_busy`: when it was sent, and the mark its reply
-/// carried: the holder's token, or the server clock for a read-write lock). A grant stamped
-/// above that mark was made after the attempt ran, so after it was sent: dating the grant from
-/// then is safe (the hold lasts at least that long).
+/// from this waiter's last busy attempt (`last_busy`: when it was sent, and the lock's token
+/// it saw). A grant with a higher token was made after the attempt ran (every hold a lock
+/// grants draws a token above all before it), so after it was sent: dating the grant from then
+/// is safe (the hold lasts at least that long).
 /// None (ask Redis instead) without a busy attempt, for an older grant (its event was read
 /// late: that hold may be long gone), and when less than half of the granted time is left by
 /// that count (a waiter that queued long ago, a late event, a paused process).
 fn grant_times(last_busy: Option<(Instant, u64)>, granted: Granted) -> Option<(Instant, Duration)> {
     let (at, seen) = last_busy?;
-    if granted.stamp <= seen {
+    if granted.token <= seen {
         return None;
     }
     let lasts = Duration::from_millis(granted.lasts_ms);
@@ -784,7 +784,6 @@ mod tests {
             token: 7,
             lasts_ms,
             queued: false,
-            stamp: 7,
         }
     }
 

@@ -20,7 +20,7 @@ use dashmap::DashMap;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{DriverHold, Released, Successor};
+use super::{Driver, DriverHold, Released, Successor};
 use crate::error::Result;
 use crate::notify::Bid;
 
@@ -158,8 +158,13 @@ impl ParkedHolds {
             .count()
     }
 
-    /// Whether a release of `lock_id` is deferred (or on its way) right now.
-    pub(crate) fn contains(&self, lock_id: &str) -> bool {
-        self.holds.contains_key(lock_id)
+    /// Whether a hold that an acquisition through `driver` may take over is parked: one of
+    /// the same lock and the same role (a read acquisition never takes a write hold over).
+    pub(crate) fn parked_for(&self, driver: &dyn Driver) -> bool {
+        driver.take_over().is_some()
+            && self
+                .holds
+                .get(driver.keys().id().as_ref())
+                .is_some_and(|parked| parked.hold.lock.hold_role() == driver.hold_role())
     }
 }

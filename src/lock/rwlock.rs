@@ -263,7 +263,12 @@ impl RwDriver {
                 (bid.lease.as_millis() as i64).into(),
                 0.into(),
                 ctx.inbox_tag.as_ref().into(),
-                (ctx.config.waiter_lease.as_millis() as i64).into(),
+                // A try (`try_write`) never queues: it is handed the lock or answered busy.
+                if bid.joins_queue {
+                    (ctx.config.waiter_lease.as_millis() as i64).into()
+                } else {
+                    "".into()
+                },
             ],
             None => [
                 "".into(),

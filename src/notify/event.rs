@@ -16,7 +16,7 @@
 /// (nor the pub/sub separator `|`, nor [`GRANT_MS`]).
 pub(crate) const ID_SEPARATOR: char = ',';
 
-/// Joins a waiter id and its grant ms in a `grants` target.
+/// Joins a waiter id, its grant ms and its token in a `grants` target.
 const GRANT_MS: char = ':';
 
 /// One release event as read from a stream entry or a channel message.
@@ -84,9 +84,6 @@ impl WakeRule {
                         token,
                         lasts_ms,
                         queued,
-                        // A granted write token is max(last + 1, server clock in µs): above the
-                        // mark of every busy reply that came before the grant.
-                        stamp: token,
                     },
                 )
             }
@@ -94,27 +91,23 @@ impl WakeRule {
         }
     }
 
-    /// A `grants` target: the token, the grant's stamp and the queued flag, then
-    /// `id:lasts_ms` per reader.
+    /// A `grants` target: the queued flag, then `id:lasts_ms:token` per reader (each granted
+    /// read hold has a token of its own).
     fn parse_grants(target: &str) -> WakeRule {
         let mut parts = target.split(ID_SEPARATOR);
-        let mut number = || parts.next().and_then(|part| part.parse::<u64>().ok());
-        let numbers = number().zip(number());
         let queued = parts.next() == Some("1");
         let readers = parts
             .filter(|part| !part.is_empty())
             .map(|part| {
-                let (id, lasts) = part.split_once(GRANT_MS).unwrap_or((part, ""));
-                let granted =
-                    numbers
-                        .zip(lasts.parse::<u64>().ok())
-                        .map(|((token, stamp), lasts_ms)| Granted {
-                            token,
-                            lasts_ms,
-                            queued,
-                            stamp,
-                        });
-                (id.to_owned(), granted)
+                let mut fields = part.split(GRANT_MS);
+                let id = fields.next().unwrap_or_default().to_owned();
+                let mut number = || fields.next().and_then(|field| field.parse::<u64>().ok());
+                let granted = number().zip(number()).map(|(lasts_ms, token)| Granted {
+                    token,
+                    lasts_ms,
+                    queued,
+                });
+                (id, granted)
             })
             .collect();
         WakeRule::Grants(readers)
@@ -130,11 +123,6 @@ pub(crate) struct Granted {
     pub(crate) lasts_ms: u64,
     /// Other waiters stayed queued behind the grant.
     pub(crate) queued: bool,
-    /// Above the mark of every busy reply that the waiter got before the grant was made (the
-    /// token of a granted write hold; the server clock in µs when a wave of read holds, which
-    /// carry the lock's current token, was granted): a grant whose stamp is not above the
-    /// waiter's last busy reply may be older than it.
-    pub(crate) stamp: u64,
 }
 
 #[cfg(test)]
@@ -142,27 +130,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn grants_carry_one_token_and_each_readers_time() {
+    fn grants_carry_each_readers_time_and_token() {
         let event = Event::from_payload(
-            "0|grants|1795511510591024,1795511510599999,1,rab.1:3000,rab.2:2500|rw:x|y",
+            "0|grants|1,rab.1:3000:1795511510591024,rab.2:2500:1795511510591025|rw:x|y",
         )
         .unwrap();
         assert_eq!(event.lock_id, "rw:x|y");
-        let granted = |lasts_ms| Granted {
-            token: 1_795_511_510_591_024,
+        let granted = |lasts_ms, token| Granted {
+            token,
             lasts_ms,
             queued: true,
-            stamp: 1_795_511_510_599_999,
         };
         assert_eq!(
             event.rule,
             WakeRule::Grants(vec![
-                ("rab.1".into(), Some(granted(3000))),
-                ("rab.2".into(), Some(granted(2500))),
+                ("rab.1".into(), Some(granted(3000, 1_795_511_510_591_024))),
+                ("rab.2".into(), Some(granted(2500, 1_795_511_510_591_025))),
             ])
         );
         assert_eq!(
-            WakeRule::parse("grants", "x,5,0,r1:3000,r2"),
+            WakeRule::parse("grants", "0,r1:3000:x,r2"),
             WakeRule::Grants(vec![("r1".into(), None), ("r2".into(), None)]),
             "readers whose grant does not parse are still woken"
         );
@@ -194,7 +181,6 @@ mod tests {
             token: 1_795_511_510_591_024,
             lasts_ms: 3_000,
             queued: true,
-            stamp: 1_795_511_510_591_024,
         };
         assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
         let event = Event::from_payload("0|grant|w1,1795511510591024,3000,0|mutex:a").unwrap();

@@ -272,7 +272,6 @@ mod tests {
             token: 9,
             lasts_ms: 3000,
             queued: false,
-            stamp: 9,
         };
         assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
         for broken in [

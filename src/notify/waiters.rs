@@ -320,7 +320,6 @@ mod tests {
             token: 7,
             lasts_ms: 3000,
             queued: true,
-            stamp: 7,
         };
         let grants = WakeRule::Grants(vec![
             ("r3".into(), Some(granted)),
