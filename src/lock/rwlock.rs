@@ -49,10 +49,10 @@ use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 /// **Leases.** Every hold has its own lease: one reader's expiry never extends or cuts
 /// another's, and a crashed reader's hold ends alone. The watchdog renews each live hold.
 ///
-/// **Fencing tokens.** A write hold gets a new token, strictly greater than every earlier one.
-/// A read hold carries the fencing counter as it was when the owner's read hold began (the
-/// token of the latest write hold by then): equal for concurrent readers, never decreasing, and
-/// always lower than the token of any write hold that starts after it.
+/// **Fencing tokens.** Every hold, write or read, gets a new token, strictly greater than every
+/// earlier token of the lock: concurrent readers hold different tokens, and a write hold that
+/// starts after a read hold has a higher token than it. A downgrade's read hold carries its
+/// write hold's token.
 ///
 /// **Cancellation.** As for [`Mutex`](crate::Mutex): a dropped acquisition leaves no trace.
 #[derive(Clone)]
