@@ -231,6 +231,12 @@ async fn acquire_loop(
                 Err(error) => {
                     let window = driver.engine().ctx.config.transient_retry;
                     let Some(pause) = retry.pause_after(&error, window, patience) else {
+                        if waiting && error.is_retryable() {
+                            // The call may have run and queued this waiter before its reply
+                            // was lost: leave the queue on the way out (leaving is answered
+                            // for a waiter that is not there).
+                            queued.joined();
+                        }
                         if woken {
                             // This attempt answered a wakeup and failed: let the next local waiter
                             // have it instead of sleeping until its lease runs out.
