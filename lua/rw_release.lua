@@ -82,8 +82,9 @@ local function settle(freed_by, tail)
 end
 
 if side ~= 'write' then
-  -- A read hold's token is the lock's f, which a later read hold of the same owner may carry
-  -- again: a retried final release is recognised by its op id first.
+  -- A retried final release is recognised by its op id first (its hold is gone; a newer read
+  -- hold of the same owner has another token, so a stale call without its op id in the chain
+  -- is refused below).
   local mine = state.mine
   if fl_chain_has(fields[6], op) then
     return {1, 0}

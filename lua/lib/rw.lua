@@ -59,7 +59,8 @@
 --   the queue left, which it wrote (with x) when it changed. state.f is then the lock's f.
 --   Grants from the head of q, dropping waiters whose client is gone on the way (their time
 --   passed, or fl_emit_to finds nobody there):
---   the first writer when no read hold is left, or every reader up to the first writer. Called
+--   the first writer when no read hold is left, or every reader up to the first writer (a
+--   writer passed over because its client is gone has used up the token it was drawn). Called
 --   only when no write hold is live (a lapsed or released one's fields are cleared with the
 --   grant). Writes the hash (q left, plus `tail`, a line to queue behind: a take-over's), the
 --   freed-by chain x and the ttl before it sends anything (a write refused for want of memory fails the script

@@ -512,8 +512,8 @@ fn inbox_keep_creates_empty_streams_and_refreshes_their_ttl() {
 /// the lock's first token from it as a write take does): missing (unless the call may create
 /// it) or stamped with another layout, the take is refused and nothing changes; a foreign
 /// value there is WRONGTYPE. While the hash exists (held, or a tombstone), every take, re-entry
-/// and busy attempt leaves the fence key alone, whatever it holds: a read hold takes the lock's
-/// `f`, a write hold max(f + 1, clock).
+/// and busy attempt leaves the fence key alone, whatever it holds: a read hold and a write hold
+/// alike draw max(f + 1, clock) from the lock's `f`.
 #[test]
 fn only_an_rw_take_of_a_lock_with_no_hash_reads_the_fence_key() {
     init_tracing();
@@ -567,9 +567,9 @@ fn only_an_rw_take_of_a_lock_with_no_hash_reads_the_fence_key() {
     assert_eq!(fence_value(&server, FENCE), (t as u64, LAYOUT.to_owned()));
     assert_eq!(rw.token(), t);
 
-    // While the hash exists, whatever the fence key holds: another read take shares f, a busy
-    // write attempt queues, a re-entry counts up; after the reads' releases (a tombstone) a
-    // write take continues the token. The fence key is left as it is.
+    // While the hash exists, whatever the fence key holds: another read take draws from f, a
+    // re-entry counts up, a busy write attempt queues; after the reads' releases (a tombstone)
+    // a write take continues the token. The fence key is left as it is.
     let mut token = t;
     for (n, value) in [
         None,
@@ -588,18 +588,18 @@ fn only_an_rw_take_of_a_lock_with_no_hash_reads_the_fence_key() {
         let (reader, writer) = (format!("b{n}"), format!("w{n}"));
         let op = |owner: &str, what: &str| format!("{owner}-{what}");
         let take = |bid: Bid| ints(rw.attempt(bid, &fence_arg(false)));
-        assert_eq!(
-            take(Bid::read(&reader, &op(&reader, "read"))),
-            vec![1, token, 1],
-            "{what}"
-        );
+        let clock = rw.clock();
+        let read = take(Bid::read(&reader, &op(&reader, "read")));
+        assert_eq!((read[0], read[2]), (1, 1), "{what}: {read:?}");
+        assert_drawn(read[1], token, clock, &format!("{what}: the read take"));
+        token = read[1];
         assert_eq!(
             take(Bid::read(&reader, &op(&reader, "again"))),
             vec![1, token, 2],
             "{what}"
         );
         let busy = take(Bid::write(&writer, &op(&writer, "try")));
-        assert_eq!(busy[0], 0, "{what}: {busy:?}");
+        assert_eq!(busy, vec![0, busy[1], token], "{what}: {busy:?}");
         assert_eq!(
             rw.release_all(Side::Read, &reader, token, &op(&reader, "release")),
             vec![1, 0]

@@ -935,37 +935,15 @@ pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) ->
     format!("0|grant|{waiter},{token},{grant_ms},{queued}|{RW_LOCK_ID}")
 }
 
-/// What [`Rw::inbox_events`] shows in place of the stamp of a `grants` event (the server clock
-/// in µs at the grant, which [`Rw::assert_stamped`] checks).
-pub(crate) const STAMP: &str = "<stamp>";
-
-/// The event that grants a wave of readers of one client: the token, the stamp (shown as
-/// [`STAMP`]), the queued flag, their waiter ids and grant ms.
-pub(crate) fn rw_grants(token: i64, queued: bool, readers: &[(&str, i64)]) -> String {
+/// The event that grants a wave of readers of one client: the queued flag, then each reader's
+/// waiter id, grant ms and token (every granted read hold draws its own, `lua/lib/rw.lua`).
+pub(crate) fn rw_grants(queued: bool, readers: &[(&str, i64, i64)]) -> String {
     let queued = u8::from(queued);
     let readers: Vec<String> = readers
         .iter()
-        .map(|(waiter, ms)| format!("{waiter}:{ms}"))
+        .map(|(waiter, ms, token)| format!("{waiter}:{ms}:{token}"))
         .collect();
-    format!(
-        "0|grants|{token},{STAMP},{queued},{}|{RW_LOCK_ID}",
-        readers.join(",")
-    )
-}
-
-/// The stamp of a `grants` event, and the event with [`STAMP`] in its place (other events as
-/// they are).
-fn split_stamp(event: &str) -> (Option<i64>, String) {
-    let Some(rest) = event.strip_prefix("0|grants|") else {
-        return (None, event.to_owned());
-    };
-    let columns: Vec<&str> = rest.splitn(3, ',').collect();
-    assert_eq!(columns.len(), 3, "a grants event: {event:?}");
-    let stamp = columns[1]
-        .parse()
-        .unwrap_or_else(|e| panic!("the stamp of {event:?}: {e}"));
-    let event = format!("0|grants|{},{STAMP},{}", columns[0], columns[2]);
-    (Some(stamp), event)
+    format!("0|grants|{queued},{}|{RW_LOCK_ID}", readers.join(","))
 }
 
 /// The event that wakes a reader by name (its owner holds a read hold already).
@@ -1298,8 +1276,22 @@ impl<'a> Rw<'a> {
             .unwrap_or_else(|e| panic!("the hash's token {f:?}: {e}"))
     }
 
+    /// The token of `owner`'s read line in `s` (drawn when its read hold began).
+    pub(crate) fn read_token(&self, owner: &str) -> i64 {
+        let s = self.hash().s.unwrap_or_default();
+        let line = s
+            .lines()
+            .find(|line| line.split(' ').next() == Some(owner))
+            .unwrap_or_else(|| panic!("no read line of {owner} in {s:?}"));
+        let token = line.split(' ').nth(2).expect("a read line's token");
+        token
+            .parse()
+            .unwrap_or_else(|e| panic!("the token of {line:?}: {e}"))
+    }
+
     /// Sets the token `f` [`AHEAD`] of the server clock (the other fields and the ttl kept) and
-    /// returns it: the next write token drawn from the hash is exactly one above it.
+    /// returns it: the next token drawn from the hash (a write or a read hold's) is exactly one
+    /// above it.
     pub(crate) fn push_ahead(&self) -> i64 {
         let token = self.clock() + AHEAD;
         let ttl = self.pttl();
@@ -1415,8 +1407,9 @@ impl<'a> Rw<'a> {
     }
 
     /// Asserts that `reply` is the busy reply of the last call: `{0, bound, mark}`, the bound
-    /// counting down to `until` (server ms) from the call's clock, the mark the server clock
-    /// (µs) during the call.
+    /// counting down to `until` (server ms) from the call's clock, the mark the lock's latest
+    /// token `f` as the call left it (after any grant it made): a grant made later draws a
+    /// token above it.
     pub(crate) fn assert_busy(&self, reply: &[i64], until: i64, what: &str) {
         self.assert_waits(reply, 0, until, what);
     }
@@ -1432,7 +1425,11 @@ impl<'a> Rw<'a> {
         assert_eq!(reply[0], code, "{what}: {reply:?}");
         let span = self.span();
         span.assert_contains(until - reply[1], &format!("{what}: the bound's start"));
-        span.assert_contains(reply[2].div_euclid(1000), &format!("{what}: the mark"));
+        assert_eq!(
+            reply[2],
+            self.token(),
+            "{what}: the mark is not the lock's latest token"
+        );
     }
 
     /// Asserts that `reply` answers an acquisition that a release granted the hold already:
@@ -1453,32 +1450,9 @@ impl<'a> Rw<'a> {
         );
     }
 
-    /// Every event in the inbox stream of `client`, oldest first, the stamps of `grants` events
-    /// shown as [`STAMP`].
+    /// Every event in the inbox stream of `client`, oldest first.
     pub(crate) fn inbox_events(&self, client: &str) -> Vec<String> {
         inbox_events(self.server, client)
-            .iter()
-            .map(|event| split_stamp(event).1)
-            .collect()
-    }
-
-    /// The stamps (µs) of the `grants` events in the inbox of `client`, oldest first.
-    pub(crate) fn stamps(&self, client: &str) -> Vec<i64> {
-        inbox_events(self.server, client)
-            .iter()
-            .filter_map(|event| split_stamp(event).0)
-            .collect()
-    }
-
-    /// Asserts that the last `grants` event in the inbox of `client` was stamped with the
-    /// server clock of the last call.
-    pub(crate) fn assert_stamped(&self, client: &str, what: &str) {
-        let stamp = *self
-            .stamps(client)
-            .last()
-            .unwrap_or_else(|| panic!("{what}: no grants event for {client}"));
-        self.span()
-            .assert_contains(stamp.div_euclid(1000), &format!("{what}: the stamp"));
     }
 
     /// Runs `inbox_keep` for the inboxes of `clients`, as their readers do.

@@ -2,10 +2,11 @@
 //! write hold (fields `o c f l r g` as the exclusive locks' hold, plus its end `e`), the read
 //! holds (`s`, one line per owner: count, token, end, last op, the waiter id a release granted
 //! it under), the freed-by chain `x` and the wait queue `q` of both sides. Takes, re-entries and
-//! downgrades; writers queuing behind readers and readers behind a queued writer; grants to a
-//! writer alone and to waves of readers (one event per client); retries; take-overs; lapsed
-//! holds and dead waiters; renewal, inspection, force unlock, leaving and the heartbeat; the
-//! hash's ttl.
+//! downgrades; tokens (every new hold, read or write, draws its own above the lock's latest,
+//! `f`; a downgrade carries its write hold's); writers queuing behind readers and readers behind
+//! a queued writer; grants to a writer alone and to waves of readers (one event per client);
+//! retries and stale calls; take-overs; lapsed holds and dead waiters; renewal, inspection,
+//! force unlock, leaving and the heartbeat; the hash's ttl.
 
 use std::thread::sleep;
 use std::time::Duration;
@@ -63,12 +64,13 @@ fn lines<S: AsRef<str>>(lines: &[S]) -> Option<String> {
 
 /// Read takes: the first one of a lock with no hash draws the shard's token from the fence key
 /// and stores it as `f` (the hash is then only `f`, `q` and `s`); a retried take is answered;
-/// re-entries count up (a longer lease moves the line's end, a shorter one does not); another
-/// owner's read hold shares the lock and its token. Releases count down; the last one leaves a
+/// re-entries count up and keep the hold's token (a longer lease moves the line's end, a
+/// shorter one does not); another owner's read hold shares the lock but draws a token of its
+/// own, max(f + 1, clock), which becomes `f`. Releases count down; the last one leaves a
 /// tombstone (`f` and the freed-by chain kept, no hold) for the retry window, and a read take
-/// from it takes `f` again without reading the fence key.
+/// from it draws its token from `f` without reading the fence key.
 #[test]
-fn read_holds_share_the_lock_and_its_token() {
+fn read_holds_share_the_lock_each_with_a_token_of_its_own() {
     init_tracing();
     let server = RedisServer::start();
     let rw = Rw::new(&server, "stream");
@@ -118,9 +120,14 @@ fn read_holds_share_the_lock_and_its_token() {
     );
     rw.assert_lasts_as_its_holds("d's shorter re-entry");
 
-    // Another owner's read hold: the same token, a line of its own.
-    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
-    let e_line = rw.reader("e", 1, t, LEASE, "e-read", "-");
+    // Another owner's read hold: a token of its own, above d's (the new f), a line of its own.
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid::read("e", "e-read"));
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    let te = taken[1];
+    assert_drawn(te, t, clock, "e's read take");
+    let e_line = rw.reader("e", 1, te, LEASE, "e-read", "-");
+    let d_read = RwHash { f: v(te), ..d_read };
     rw.assert_hash(
         &RwHash {
             s: lines(&[d_line.clone(), e_line]),
@@ -137,7 +144,7 @@ fn read_holds_share_the_lock_and_its_token() {
     );
 
     // e's release: d's line is left, and the hash has no write hold (its fields written empty).
-    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", te, "e-release"), vec![1, 0]);
     let d_left = no_writer(RwHash {
         x: v("e-release"),
         s: lines(&[d_line]),
@@ -163,11 +170,16 @@ fn read_holds_share_the_lock_and_its_token() {
     rw.assert_hash(&tombstone, "freed: a tombstone");
     rw.assert_lasts_the_window("freed: a tombstone");
 
-    // A read take from the tombstone takes f again.
-    assert_eq!(rw.acquire(Bid::read("g", "g-read")), vec![1, t, 1]);
+    // A read take from the tombstone draws from f.
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid::read("g", "g-read"));
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    let tg = taken[1];
+    assert_drawn(tg, te, clock, "g's read take from the tombstone");
     rw.assert_hash(
         &RwHash {
-            s: lines(&[rw.reader("g", 1, t, LEASE, "g-read", "-")]),
+            f: v(tg),
+            s: lines(&[rw.reader("g", 1, tg, LEASE, "g-read", "-")]),
             ..tombstone
         },
         "g's read take from the tombstone",
@@ -179,12 +191,13 @@ fn read_holds_share_the_lock_and_its_token() {
 
 /// Tokens: a write take draws max(f + 1, clock) and stores it as `f`; a write re-entry keeps
 /// it (a longer lease moves `e`); the writer's own read hold (a downgrade) carries the write's
-/// token, outlives the write hold's release, and a later reader takes the same token. An
-/// owner holding a read hold asking for the write hold is refused at once (`{-2}`, no queue
-/// line, nothing changed). A reader behind the write hold is given the latest end of the holds
-/// in its way. The tokens never go down.
+/// token (`f` unchanged) and outlives the write hold's release; a later reader draws a token of
+/// its own above it. An owner holding a read hold asking for the write hold is refused at once
+/// (`{-2}`, no queue line, nothing changed). A caller behind the holds is given the latest end
+/// of the holds in its way and the lock's `f`. The tokens of the holds strictly increase, read
+/// and write alike (but a downgrade's, which is its write hold's).
 #[test]
-fn write_tokens_rise_and_read_holds_carry_the_write_token() {
+fn tokens_rise_across_read_and_write_holds_and_a_downgrade_carries_the_write_token() {
     init_tracing();
     let server = RedisServer::start();
     let rw = Rw::new(&server, "stream");
@@ -237,9 +250,10 @@ fn write_tokens_rise_and_read_holds_carry_the_write_token() {
         assert_eq!(rw.acquire(bid), vec![-2], "{bid:?}");
     }
     assert_eq!(rw.dump(&[]), before, "a refused upgrade changed a key");
-    // Another reader: busy until the latest end, a's write hold's.
+    // Another reader: busy until the latest end, a's write hold's; the mark is a's token.
     let busy = rw.acquire(Bid::read("b", "b-try"));
     rw.assert_busy(&busy, rw.write_end(2 * LEASE), "b behind a's write");
+    assert_eq!(busy[2], ta, "b's mark");
 
     // a's write release (every level): its read hold stays, the write fields go.
     assert_eq!(rw.release_all(WRITE, "a", ta, "a-release"), vec![1, 0]);
@@ -250,15 +264,34 @@ fn write_tokens_rise_and_read_holds_carry_the_write_token() {
     rw.assert_hash(&a_reads, "a's write released, its read hold left");
     rw.assert_lasts_as_its_holds("a's write released: its read end");
 
-    // b's read hold: the write's token.
-    assert_eq!(rw.acquire(Bid::read("b", "b-read")), vec![1, ta, 1]);
+    // b's read hold: a token of its own, above the write's (the new f).
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid::read("b", "b-read"));
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    let tb = taken[1];
+    assert_drawn(tb, ta, clock, "b's read take");
+    rw.assert_hash(
+        &RwHash {
+            f: v(tb),
+            s: lines(&[
+                rw.reader("a", 1, ta, LEASE, "a-read", "-"),
+                rw.reader("b", 1, tb, LEASE, "b-read", "-"),
+            ]),
+            ..a_reads
+        },
+        "b reads beside a",
+    );
     assert_eq!(rw.acquire(Bid::write("a", "a-upgrade")), vec![-2]);
     let busy = rw.acquire(Bid::write("c", "c-try"));
     let latest = rw.latest_end().expect("read holds");
     assert_eq!(latest, rw.read_end("b", LEASE), "b's end is the latest");
     rw.assert_busy(&busy, latest, "c behind a's and b's read holds");
+    assert_eq!(busy[2], tb, "c's mark");
+    // Each read hold is released under its own token.
+    assert_eq!(rw.release(READ, "a", tb, "a-wrong"), vec![-1, 0]);
+    assert_eq!(rw.release(READ, "b", ta, "b-wrong"), vec![-1, 0]);
     assert_eq!(rw.release(READ, "a", ta, "a-read-release"), vec![1, 0]);
-    assert_eq!(rw.release(READ, "b", ta, "b-read-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "b", tb, "b-read-release"), vec![1, 0]);
 
     // The next write token: exactly f + 1 when f runs ahead of the clock.
     let ahead = rw.push_ahead();
@@ -266,10 +299,11 @@ fn write_tokens_rise_and_read_holds_carry_the_write_token() {
         rw.acquire(Bid::write("c", "c-write")),
         vec![1, ahead + 1, 1]
     );
-    let tokens = [t0, ta, ta, ahead + 1];
+    // The holds' tokens: d's read, a's write (and its downgrade), b's read, c's write.
+    let tokens = [t0, ta, tb, ahead + 1];
     assert!(
-        tokens.windows(2).all(|pair| pair[0] <= pair[1]),
-        "tokens went down: {tokens:?}"
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens did not rise: {tokens:?}"
     );
     assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
     rw.assert_no_stray_keys();
@@ -279,21 +313,20 @@ fn write_tokens_rise_and_read_holds_carry_the_write_token() {
 /// attempt queues one line (waiter id, inbox tag, owner, lease, grant ms = min(lease, waiter
 /// lease), and the time it is known alive until: one waiter lease ahead), and its next attempts
 /// add none. The busy reply is `{0, bound, mark}`: the bound counting down to the latest end of
-/// the holds in its way, the mark the server clock (µs) of the call. Once a writer waits, new readers queue behind it (they would starve
-/// it otherwise); a reader that holds a read hold already re-enters all the same.
+/// the holds in its way, the mark the lock's latest token `f`. Once a writer waits, new readers
+/// queue behind it (they would starve it otherwise); a reader that holds a read hold already
+/// re-enters all the same.
 #[test]
 fn a_writer_waits_behind_readers_and_new_readers_queue_behind_it() {
     init_tracing();
     let server = RedisServer::start();
     let rw = Rw::new(&server, "stream");
     let t = rw.acquire(Bid::read("d", "d-read"))[1];
-    assert_eq!(
-        rw.acquire(Bid::read("e", "e-read").lease(2 * LEASE)),
-        vec![1, t, 1]
-    );
-    let e_line = rw.reader("e", 1, t, 2 * LEASE, "e-read", "-");
+    let te = rw.acquire(Bid::read("e", "e-read").lease(2 * LEASE))[1];
+    assert!(te > t, "e's token {te} not above d's {t}");
+    let e_line = rw.reader("e", 1, te, 2 * LEASE, "e-read", "-");
     let readers = RwHash {
-        f: v(t),
+        f: v(te),
         q: v(""),
         s: lines(&[rw.reader("d", 1, t, LEASE, "d-read", "-"), e_line.clone()]),
         ..RwHash::default()
@@ -303,6 +336,7 @@ fn a_writer_waits_behind_readers_and_new_readers_queue_behind_it() {
 
     let busy = rw.acquire(Bid::write("a", "a-try"));
     rw.assert_busy(&busy, e_end, "a's try");
+    assert_eq!(busy[2], te, "a's mark: e's token, the latest");
     rw.assert_hash(&readers, "a try queued");
 
     let wa = Bid::write("a", "a-wait").waiting("wa");
@@ -369,7 +403,8 @@ fn the_last_readers_release_grants_the_lock_to_the_queued_writer() {
     let rw = Rw::new(&server, "stream");
     rw.open_inboxes(&["a", "b", "c"]);
     let t = rw.acquire(Bid::read("d", "d-read"))[1];
-    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
+    let te = rw.acquire(Bid::read("e", "e-read"))[1];
+    assert!(te > t, "e's token {te} not above d's {t}");
     let wa = Bid::write("a", "a-wait").waiting("wa");
     let rb = Bid::read("b", "b-wait").waiting("rb");
     let wc = Bid::write("c", "c-wait").waiting("wc").lease(2_000);
@@ -383,10 +418,10 @@ fn the_last_readers_release_grants_the_lock_to_the_queued_writer() {
     assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
     rw.assert_hash(
         &no_writer(RwHash {
-            f: v(t),
+            f: v(te),
             x: v("d-release"),
             q: lines(&queue),
-            s: lines(&[rw.reader("e", 1, t, LEASE, "e-read", "-")]),
+            s: lines(&[rw.reader("e", 1, te, LEASE, "e-read", "-")]),
             ..RwHash::default()
         }),
         "d's release, e left",
@@ -395,9 +430,9 @@ fn the_last_readers_release_grants_the_lock_to_the_queued_writer() {
 
     // e's release grants the lock to wa.
     let clock = rw.clock();
-    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", te, "e-release"), vec![1, 0]);
     let ta = rw.token();
-    assert_drawn(ta, t, clock, "wa's grant");
+    assert_drawn(ta, te, clock, "wa's grant");
     let a_end = rw.write_end(WAITER_LEASE);
     let a_granted = RwHash {
         q: lines(&queue[1..]),
@@ -434,12 +469,13 @@ fn the_last_readers_release_grants_the_lock_to_the_queued_writer() {
 }
 
 /// A write release that frees the lock grants a read hold to every reader at the head of the
-/// queue up to the first writer (a wave): each reader's line in `s` (count 1, the lock's token
-/// `f`, its own grant ms, its waiter id as op and as waiter column), the write fields emptied,
-/// the queue left from that writer on; one `0|grants|<token>,<queued>,<waiter>:<ms>,...|rw:x`
-/// event per client listing that client's readers in queue order. The readers' attempts are
-/// answered; a new reader queues behind the writer; the last reader's release grants the
-/// writer.
+/// queue up to the first writer (a wave): each reader's line in `s` (count 1, a token of its
+/// own: the first max(f + 1, clock), each next one above the last, which becomes `f`; its own
+/// grant ms; its waiter id as op and as waiter column), the write fields emptied, the queue
+/// left from that writer on; one `0|grants|<queued>,<waiter>:<ms>:<token>,...|rw:x` event per
+/// client listing that client's readers in queue order. Every granted token is above the marks
+/// of the busy replies before the grant. The readers' attempts are answered; a new reader
+/// queues behind the writer; the last reader's release grants the writer.
 #[test]
 fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client() {
     init_tracing();
@@ -465,27 +501,29 @@ fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client
     }
     let tail = [rw.queued(ww), rw.queued(rz)];
 
+    assert!(marks.iter().all(|&mark| mark == t), "marks {marks:?}");
+    let clock = rw.clock();
     assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
-    // Each client's event is stamped with the clock of the grant, above the marks of the busy
-    // replies its readers were given.
-    for client in ["p", "c"] {
-        rw.assert_stamped(client, "the wave's grant");
-        let stamp = rw.stamps(client)[0];
+    // The wave's tokens, in queue order: p1's drawn from f and the clock, then one each.
+    let t1 = rw.read_token("p1");
+    assert_drawn(t1, t, clock, "p1's grant");
+    let (tc, t2) = (t1 + 1, t1 + 2);
+    for token in [t1, tc, t2] {
         assert!(
-            marks.iter().all(|&mark| mark < stamp),
-            "{client}'s stamp {stamp} not above the marks {marks:?}"
+            marks.iter().all(|&mark| mark < token),
+            "a granted token {token} not above the marks {marks:?}"
         );
     }
     let wave = no_writer(RwHash {
-        f: v(t),
+        f: v(t2),
         l: v(LEASE),
         r: v("a-write"),
         x: v("a-release"),
         q: lines(&tail),
         s: lines(&[
-            rw.reader("p1", 1, t, WAITER_LEASE, "rp1", "rp1"),
-            rw.reader("c", 1, t, 2_000, "rc", "rc"),
-            rw.reader("p2", 1, t, 1_500, "rp2", "rp2"),
+            rw.reader("p1", 1, t1, WAITER_LEASE, "rp1", "rp1"),
+            rw.reader("c", 1, tc, 2_000, "rc", "rc"),
+            rw.reader("p2", 1, t2, 1_500, "rp2", "rp2"),
         ]),
         ..RwHash::default()
     });
@@ -493,35 +531,44 @@ fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client
     rw.assert_lasts_as_its_holds("the wave: p1's end is the latest");
     assert_eq!(
         rw.inbox_events("p"),
-        [rw_grants(t, true, &[("rp1", WAITER_LEASE), ("rp2", 1_500)])]
+        [rw_grants(
+            true,
+            &[("rp1", WAITER_LEASE, t1), ("rp2", 1_500, t2)]
+        )]
     );
-    assert_eq!(rw.inbox_events("c"), [rw_grants(t, true, &[("rc", 2_000)])]);
+    assert_eq!(
+        rw.inbox_events("c"),
+        [rw_grants(true, &[("rc", 2_000, tc)])]
+    );
     assert!(rw.inbox_events("w").is_empty(), "w was sent to");
     assert_eq!(rw.inspect()[..4], [0, 0, 0, 3]);
 
     // The readers' attempts (re-sent or next) are answered with their grants.
     let before = rw.dump(&[]);
-    for (bid, grant) in [
-        (rp1, WAITER_LEASE),
-        (rc, 2_000),
+    for (bid, grant, token) in [
+        (rp1, WAITER_LEASE, t1),
+        (rc, 2_000, tc),
         (
             Bid {
                 op: "p2-wait-2",
                 ..rp2
             },
             1_500,
+            t2,
         ),
     ] {
         let answered = rw.acquire(bid);
         let until = rw.read_end(bid.owner, grant);
-        rw.assert_granted_already(&answered, t, 1, until, bid.waiter);
+        rw.assert_granted_already(&answered, token, 1, until, bid.waiter);
     }
     assert_eq!(rw.dump(&[]), before, "a granted-already answer wrote");
 
     // A new reader queues behind ww.
     let rn = Bid::read("n", "n-wait").waiting("rn");
     let latest = rw.latest_end().unwrap();
-    rw.assert_busy(&rw.acquire(rn), latest, "n behind ww");
+    let busy = rw.acquire(rn);
+    rw.assert_busy(&busy, latest, "n behind ww");
+    assert_eq!(busy[2], t2, "n's mark: the wave's last token");
     let tail = [tail[0].clone(), tail[1].clone(), rw.queued(rn)];
     rw.assert_hash(
         &RwHash {
@@ -532,17 +579,17 @@ fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client
     );
 
     // The readers' releases: the last one grants the lock to ww.
-    for owner in ["p1", "c"] {
+    for (owner, token) in [("p1", t1), ("c", tc)] {
         assert_eq!(
-            rw.release(READ, owner, t, &format!("{owner}-release")),
+            rw.release(READ, owner, token, &format!("{owner}-release")),
             vec![1, 0]
         );
         assert!(rw.inbox_events("w").is_empty(), "w was sent to early");
     }
     let clock = rw.clock();
-    assert_eq!(rw.release(READ, "p2", t, "p2-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "p2", t2, "p2-release"), vec![1, 0]);
     let tw = rw.token();
-    assert_drawn(tw, t, clock, "ww's grant");
+    assert_drawn(tw, t2, clock, "ww's grant");
     rw.assert_hash(
         &RwHash {
             q: lines(&tail[1..]),
@@ -566,9 +613,10 @@ fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client
 }
 
 /// A reader whose owner holds a read hold already (granted in the same wave, or its own) is
-/// not granted a second one: its line goes and it is woken by name (`0|name|<waiter>|rw:x`, after
-/// the wave's event to its client); its next attempt re-enters the owner's hold. Also when
-/// the releasing writer itself holds that read hold (its downgrade).
+/// not granted a second one (nor does it draw a token): its line goes and it is woken by name
+/// (`0|name|<waiter>|rw:x`, after the wave's event to its client); its next attempt re-enters
+/// the owner's hold, with that hold's token. Also when the releasing writer itself holds that
+/// read hold (its downgrade, with the write hold's token).
 #[test]
 fn a_reader_of_an_owner_that_holds_a_read_hold_is_woken_not_granted() {
     init_tracing();
@@ -583,18 +631,21 @@ fn a_reader_of_an_owner_that_holds_a_read_hold_is_woken_not_granted() {
         rw.assert_busy(&rw.acquire(bid), rw.write_end(LEASE), bid.waiter);
     }
 
+    let clock = rw.clock();
     assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
-    rw.assert_stamped("b", "rb1's grant");
-    rw.assert_stamped("c", "rc's grant");
-    let c_line = rw.reader("c", 1, t, WAITER_LEASE, "rc", "rc");
+    // rb1 and rc draw a token each (rb2 none): rc's is the next after rb1's.
+    let tb = rw.read_token("b");
+    assert_drawn(tb, t, clock, "rb1's grant");
+    let tc = tb + 1;
+    let c_line = rw.reader("c", 1, tc, WAITER_LEASE, "rc", "rc");
     let wave = no_writer(RwHash {
-        f: v(t),
+        f: v(tc),
         l: v(LEASE),
         r: v("a-write"),
         x: v("a-release"),
         q: v(""),
         s: lines(&[
-            rw.reader("b", 1, t, WAITER_LEASE, "rb1", "rb1"),
+            rw.reader("b", 1, tb, WAITER_LEASE, "rb1", "rb1"),
             c_line.clone(),
         ]),
         ..RwHash::default()
@@ -603,32 +654,36 @@ fn a_reader_of_an_owner_that_holds_a_read_hold_is_woken_not_granted() {
     assert_eq!(
         rw.inbox_events("b"),
         [
-            rw_grants(t, false, &[("rb1", WAITER_LEASE)]),
+            rw_grants(false, &[("rb1", WAITER_LEASE, tb)]),
             rw_wake("rb2")
         ]
     );
     assert_eq!(
         rw.inbox_events("c"),
-        [rw_grants(t, false, &[("rc", WAITER_LEASE)])]
+        [rw_grants(false, &[("rc", WAITER_LEASE, tc)])]
     );
-    // rb2 re-enters b's read hold (granted to rb1: the waiter column stays).
+    // rb2 re-enters b's read hold (granted to rb1: its token and waiter column stay).
     let again = Bid {
         op: "b-wait-2-again",
         ..rb2
     };
-    assert_eq!(rw.acquire(again), vec![1, t, 2]);
+    assert_eq!(rw.acquire(again), vec![1, tb, 2]);
     rw.assert_hash(
         &RwHash {
-            s: lines(&[c_line, rw.reader("b", 2, t, LEASE, "b-wait-2-again", "rb1")]),
+            s: lines(&[
+                c_line,
+                rw.reader("b", 2, tb, LEASE, "b-wait-2-again", "rb1"),
+            ]),
             ..wave
         },
         "rb2 re-entered",
     );
-    assert_eq!(rw.release_all(READ, "b", t, "b-release"), vec![1, 0]);
-    assert_eq!(rw.release(READ, "c", t, "c-release"), vec![1, 0]);
+    assert_eq!(rw.release_all(READ, "b", tb, "b-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "c", tc, "c-release"), vec![1, 0]);
 
     // k waits for the write hold and, from another task, for a read hold behind it.
     let th = rw.acquire(Bid::write("h", "h-write"))[1];
+    assert!(th > tc, "h's token {th} not above rc's {tc}");
     let wk = Bid::write("k", "k-wait").waiting("wk");
     let rk = Bid::read("k", "k-read-wait").waiting("rk");
     for bid in [wk, rk] {
@@ -682,10 +737,11 @@ fn a_reader_of_an_owner_that_holds_a_read_hold_is_woken_not_granted() {
 }
 
 /// Grants go only to waiters whose client is there to hear them (Stream mode: its inbox
-/// exists). A writer with no inbox is passed over for the next writer (the token drawn for it
-/// is the one the next gets). A wave's readers whose client is gone are taken back (their lines
-/// dropped, the other readers keep theirs); a wave whose clients are all gone grants nothing,
-/// and the lock goes on to the next in line.
+/// exists). A writer with no inbox is passed over for the next writer (which draws a token
+/// above the lock's last). A wave's readers whose client is gone are taken back (their lines
+/// dropped, the other readers keep theirs and their tokens; the tokens drawn for the readers
+/// taken back stay spent: `f` is the wave's last); a wave whose clients are all gone grants
+/// nothing, and the lock goes on to the next in line with a token above theirs.
 #[test]
 fn grants_pass_over_waiters_whose_client_is_gone() {
     init_tracing();
@@ -720,23 +776,26 @@ fn grants_pass_over_waiters_whose_client_is_gone() {
         rw.assert_busy(&rw.acquire(bid), c_end, bid.waiter);
     }
     let wh_line = rw.queued(wh);
+    let clock = rw.clock();
     assert_eq!(rw.release(WRITE, "c", tc, "c-release"), vec![1, 0]);
-    rw.assert_stamped("e", "re's grant");
+    // rd, re and rg drew a token each, in queue order: e keeps the middle one.
+    let te = rw.read_token("e");
+    assert_drawn(te - 1, tc, clock, "rd's grant");
     rw.assert_hash(
         &no_writer(RwHash {
-            f: v(tc),
+            f: v(te + 1),
             l: v(2_000),
             r: v("wc"),
             x: v("c-release,a-release"),
             q: lines(&[wh_line]),
-            s: lines(&[rw.reader("e", 1, tc, 2_000, "re", "re")]),
+            s: lines(&[rw.reader("e", 1, te, 2_000, "re", "re")]),
             ..RwHash::default()
         }),
         "the wave taken back but for e",
     );
     assert_eq!(
         rw.inbox_events("e"),
-        [rw_grants(tc, true, &[("re", 2_000)])]
+        [rw_grants(true, &[("re", 2_000, te)])]
     );
     for client in ["d", "g"] {
         assert!(
@@ -753,9 +812,9 @@ fn grants_pass_over_waiters_whose_client_is_gone() {
         rw.assert_busy(&rw.acquire(bid), rw.read_end("e", 2_000), bid.waiter);
     }
     let clock = rw.clock();
-    assert_eq!(rw.release(READ, "e", tc, "e-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", te, "e-release"), vec![1, 0]);
     let th = rw.token();
-    assert_drawn(th, tc, clock, "wh's grant");
+    assert_drawn(th, te + 1, clock, "wh's grant");
     rw.assert_hash(
         &RwHash {
             q: lines(&[rw.queued(rd2), rw.queued(rg2), rw.queued(wi)]),
@@ -773,8 +832,9 @@ fn grants_pass_over_waiters_whose_client_is_gone() {
     // h's release: the wave of d and g finds nobody; the lock goes on to wi.
     let clock = rw.clock();
     assert_eq!(rw.release(WRITE, "h", th, "h-release"), vec![1, 0]);
+    // rd2 and rg2 drew a token each before they were taken back: wi's is the next.
     let ti = rw.token();
-    assert_drawn(ti, th, clock, "wi's grant");
+    assert_drawn(ti - 2, th, clock, "rd2's grant, taken back");
     rw.assert_hash(
         &write_granted(
             "i",
@@ -796,7 +856,7 @@ fn grants_pass_over_waiters_whose_client_is_gone() {
 
 /// A wave's read holds taken back from clients that are gone no longer count for the hash's
 /// ttl: it is the latest end of the holds left (here e's, granted for 2 s, while the readers
-/// taken back were granted 3 s).
+/// taken back were granted 3 s). `f` is the last token the wave drew (e's, after d's).
 #[test]
 fn a_wave_taken_back_leaves_the_ttl_of_the_holds_left() {
     init_tracing();
@@ -810,15 +870,18 @@ fn a_wave_taken_back_leaves_the_ttl_of_the_holds_left() {
     for bid in [rd, re] {
         rw.assert_busy(&rw.acquire(bid), rw.write_end(LEASE), bid.waiter);
     }
+    let clock = rw.clock();
     assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
+    let te = rw.read_token("e");
+    assert_drawn(te - 1, t, clock, "rd's grant");
     rw.assert_hash(
         &no_writer(RwHash {
-            f: v(t),
+            f: v(te),
             l: v(LEASE),
             r: v("a-write"),
             x: v("a-release"),
             q: v(""),
-            s: lines(&[rw.reader("e", 1, t, 2_000, "re", "re")]),
+            s: lines(&[rw.reader("e", 1, te, 2_000, "re", "re")]),
             ..RwHash::default()
         }),
         "d's read hold taken back",
@@ -828,10 +891,10 @@ fn a_wave_taken_back_leaves_the_ttl_of_the_holds_left() {
 
 /// Retries: an acquisition re-sent with the same op id is answered, not applied again; a
 /// release re-sent is answered from `r` (a release that left a level) or from the freed-by
-/// chain `x` (a final release), whatever happened since: a read hold's token is the lock's `f`,
-/// which the owner's next read hold carries again, and the retry of the final release must not
-/// release that one. A release under another token is refused `{-1, 0}`; one of a hold that is
-/// not there is `{0, 0}`. No refusal or retry changes a key.
+/// chain `x` (a final release), whatever happened since: the retry of an owner's final read
+/// release must not release that owner's next read hold. A release under another token is
+/// refused `{-1, 0}`; one of a hold that is not there is `{0, 0}`. No refusal or retry changes
+/// a key.
 #[test]
 fn retried_calls_are_answered_not_applied_again() {
     init_tracing();
@@ -909,43 +972,45 @@ fn retried_calls_are_answered_not_applied_again() {
     assert_eq!(rw.inspect()[..3], [1, 1, t2]);
     assert_eq!(rw.release(WRITE, "a", t2, "a-release-5"), vec![1, 0]);
 
-    // The read side: d's read holds all carry t2.
-    assert_eq!(rw.acquire(Bid::read("d", "d-read")), vec![1, t2, 1]);
+    // The read side: d's read hold draws a token of its own, above t2.
+    let td = rw.acquire(Bid::read("d", "d-read"))[1];
+    assert!(td > t2, "d's read token {td} not above {t2}");
     unchanged(
         &|| rw.acquire(Bid::read("d", "d-read")),
-        &[1, t2, 1],
+        &[1, td, 1],
         "a retried read take",
     );
-    assert_eq!(rw.acquire(Bid::read("d", "d-again")), vec![1, t2, 2]);
-    assert_eq!(rw.release(READ, "d", t2, "d-release-1"), vec![1, 1]);
+    assert_eq!(rw.acquire(Bid::read("d", "d-again")), vec![1, td, 2]);
+    assert_eq!(rw.release(READ, "d", td, "d-release-1"), vec![1, 1]);
     unchanged(
-        &|| rw.release(READ, "d", t2, "d-release-1"),
+        &|| rw.release(READ, "d", td, "d-release-1"),
         &[1, 1],
         "a retried read release that left a level",
     );
     unchanged(
-        &|| rw.release(READ, "d", t2 - 1, "d-stale"),
+        &|| rw.release(READ, "d", td - 1, "d-stale"),
         &[-1, 0],
         "a read release under another token",
     );
     unchanged(
-        &|| rw.release(READ, "e", t2, "e-release"),
+        &|| rw.release(READ, "e", td, "e-release"),
         &[0, 0],
         "a read release of an owner that holds none",
     );
-    assert_eq!(rw.release(READ, "d", t2, "d-release-2"), vec![1, 0]);
-    // d reads again: the same token (no write hold between).
-    assert_eq!(rw.acquire(Bid::read("d", "d-read-2")), vec![1, t2, 1]);
+    assert_eq!(rw.release(READ, "d", td, "d-release-2"), vec![1, 0]);
+    // d reads again: a new token.
+    let td2 = rw.acquire(Bid::read("d", "d-read-2"))[1];
+    assert!(td2 > td, "d's second read token {td2} not above {td}");
     let d_reads = RwHash {
-        s: lines(&[rw.reader("d", 1, t2, LEASE, "d-read-2", "-")]),
-        f: v(t2),
+        s: lines(&[rw.reader("d", 1, td2, LEASE, "d-read-2", "-")]),
+        f: v(td2),
         x: v("d-release-2,a-release-5,a-release-2"),
         r: v("a-write-2"),
         ..freed
     };
     rw.assert_hash(&d_reads, "d's second read hold");
     unchanged(
-        &|| rw.release(READ, "d", t2, "d-release-2"),
+        &|| rw.release(READ, "d", td, "d-release-2"),
         &[1, 0],
         "a retried final read release, a new read hold of d since",
     );
@@ -958,8 +1023,9 @@ fn retried_calls_are_answered_not_applied_again() {
 /// read hold the successor is handed the lock (`{1, 0, token, 0}`: the hash in its name, its
 /// lease, its waiter id as `r` and `g`; no event). With waiters queued the lock goes to the queue
 /// (a writer's grant, or a wave of readers) and the successor's line joins the tail (its grant
-/// ms min(its lease, its waiter lease)): `{2, bound, mark}` as a busy acquisition. A re-sent
-/// release gets the same answer and changes nothing.
+/// ms min(its lease, its waiter lease)): `{2, bound, mark}` as a busy acquisition, the mark the
+/// lock's `f` after the grant the call made (the granted token), below the token of the
+/// successor's own grant later. A re-sent release gets the same answer and changes nothing.
 #[test]
 fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     init_tracing();
@@ -1002,6 +1068,7 @@ fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     let reply = rw.take_over("s", t + 1, "s-release", ("u", "wu"));
     let b_end = rw.write_end(WAITER_LEASE);
     rw.assert_joined(&reply, b_end, "u joined the queue behind wb's grant");
+    assert_eq!(reply[2], t + 2, "u's mark: wb's token");
     let wu = Bid::write("u", "").waiting("wu").lease(SUCCESSOR_LEASE);
     let b_granted = RwHash {
         q: lines(&[rw.queued(wu)]),
@@ -1016,6 +1083,7 @@ fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     let before = rw.dump(&inboxes);
     let again = rw.take_over("s", t + 1, "s-release", ("u", "wu"));
     rw.assert_joined(&again, b_end, "the re-sent take-over");
+    assert_eq!(again[2], reply[2], "the re-sent take-over's mark");
     assert_eq!(
         rw.dump(&inboxes),
         before,
@@ -1042,29 +1110,40 @@ fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
 
     // A reader waits; u's release, taken over by v: the reader is granted, v queues behind.
     let rr = Bid::read("r", "r-wait").waiting("rr");
-    rw.assert_busy(&rw.acquire(rr), rw.write_end(WAITER_LEASE), "r waits");
+    let busy = rw.acquire(rr);
+    rw.assert_busy(&busy, rw.write_end(WAITER_LEASE), "r waits");
+    assert_eq!(busy[2], t + 3, "r's mark: wu's token");
     let reply = rw.take_over("u", t + 3, "u-release", ("v", "wv"));
     let r_end = rw.read_end("r", WAITER_LEASE);
     rw.assert_joined(&reply, r_end, "v joined the queue behind rr's grant");
-    rw.assert_stamped("r", "rr's grant");
+    assert_eq!(reply[2], t + 4, "v's mark: rr's token");
     let wv = Bid::write("v", "").waiting("wv").lease(SUCCESSOR_LEASE);
     rw.assert_hash(
         &no_writer(RwHash {
-            f: v(t + 3),
+            f: v(t + 4),
             l: v(WAITER_LEASE),
             r: v("wu"),
             x: v("u-release,b-release,s-release,a-release"),
             q: lines(&[rw.queued(wv)]),
-            s: lines(&[rw.reader("r", 1, t + 3, WAITER_LEASE, "rr", "rr")]),
+            s: lines(&[rw.reader("r", 1, t + 4, WAITER_LEASE, "rr", "rr")]),
             ..RwHash::default()
         }),
         "rr granted, wv queued behind",
     );
     assert_eq!(
         rw.inbox_events("r"),
-        [rw_grants(t + 3, true, &[("rr", WAITER_LEASE)])]
+        [rw_grants(true, &[("rr", WAITER_LEASE, t + 4)])]
     );
     assert!(rw.inbox_events("v").is_empty(), "v was sent to");
+
+    // r's release grants the lock to wv: a token above v's mark.
+    assert_eq!(rw.release(READ, "r", t + 4, "r-release"), vec![1, 0]);
+    assert_eq!(rw.token(), t + 5, "wv's token");
+    assert!(t + 5 > reply[2], "wv's token not above its mark");
+    assert_eq!(
+        rw.inbox_events("v"),
+        [rw_grant("wv", t + 5, WAITER_LEASE, false)]
+    );
     rw.assert_no_stray_keys();
 }
 
@@ -1089,16 +1168,15 @@ fn lapsed_holds_no_longer_count() {
     sleep(Duration::from_millis(150));
     assert_eq!(rw.inspect()[..4], [0, 0, 0, 1], "a's write hold lapsed");
 
-    // b reads: a's write hold lapsed.
-    assert_eq!(
-        rw.acquire(Bid::read("b", "b-read").lease(100)),
-        vec![1, ta, 1]
-    );
-    let b_line = rw.reader("b", 1, ta, 100, "b-read", "-");
+    // b reads: a's write hold lapsed; b draws a token of its own.
+    let tb = rw.acquire(Bid::read("b", "b-read").lease(100))[1];
+    assert!(tb > ta, "b's token {tb} not above a's {ta}");
+    let b_line = rw.reader("b", 1, tb, 100, "b-read", "-");
     rw.assert_hash(
         &RwHash {
             o: v(""),
             c: v(0),
+            f: v(tb),
             e: v(""),
             s: lines(&[a_line.clone(), b_line]),
             ..a_both.clone()
@@ -1115,18 +1193,20 @@ fn lapsed_holds_no_longer_count() {
 
     // b's read line lapses: c's read take drops it.
     sleep(Duration::from_millis(150));
-    assert_eq!(rw.acquire(Bid::read("c", "c-read")), vec![1, ta, 1]);
+    let tc = rw.acquire(Bid::read("c", "c-read"))[1];
+    assert!(tc > tb, "c's token {tc} not above b's {tb}");
     rw.assert_hash(
         &RwHash {
             o: v(""),
             c: v(0),
+            f: v(tc),
             e: v(""),
-            s: lines(&[a_line, rw.reader("c", 1, ta, LEASE, "c-read", "-")]),
+            s: lines(&[a_line, rw.reader("c", 1, tc, LEASE, "c-read", "-")]),
             ..a_both
         },
         "b's lapsed line dropped",
     );
-    assert_eq!(rw.release(READ, "b", ta, "b-release"), vec![0, 0]);
+    assert_eq!(rw.release(READ, "b", tb, "b-release"), vec![0, 0]);
     assert_eq!(rw.inspect()[..4], [0, 0, 0, 2]);
     rw.assert_no_stray_keys();
 }
@@ -1167,6 +1247,10 @@ fn waiters_queued_behind_lapsed_holds_are_served_by_the_next_acquisition() {
     assert_drawn(tb, ta, clock, "wb's grant");
     let b_end = rw.write_end(WAITER_LEASE);
     rw.assert_busy(&busy, b_end, "e behind wb's grant");
+    assert_eq!(
+        busy[2], tb,
+        "e's mark: wb's token, granted by the same call"
+    );
     rw.assert_hash(
         &RwHash {
             q: lines(&[rc_line.clone(), rw.queued(we)]),
@@ -1209,25 +1293,26 @@ fn waiters_queued_behind_lapsed_holds_are_served_by_the_next_acquisition() {
     }
     assert_eq!(rw.acquire(Bid::read("a", "a-read")), vec![1, ta, 1]);
     sleep(Duration::from_millis(150));
+    let clock = rw.clock();
     let answered = rw.acquire(Bid {
         op: "c-wait-2",
         ..rc
     });
+    let tc = rw.read_token("c");
+    assert_drawn(tc, ta, clock, "rc's grant");
     let c_end = rw.read_end("c", WAITER_LEASE);
-    rw.assert_granted_already(&answered, ta, 1, c_end, "rc's attempt");
-    rw.assert_stamped("c", "rc's grant");
-    rw.assert_stamped("d", "rd's grant");
+    rw.assert_granted_already(&answered, tc, 1, c_end, "rc's attempt");
     rw.assert_hash(
         &no_writer(RwHash {
-            f: v(ta),
+            f: v(tc + 1),
             l: v(100),
             r: v("a-write"),
             x: v(""),
             q: v(""),
             s: lines(&[
                 rw.reader("a", 1, ta, LEASE, "a-read", "-"),
-                rw.reader("c", 1, ta, WAITER_LEASE, "rc", "rc"),
-                rw.reader("d", 1, ta, WAITER_LEASE, "rd", "rd"),
+                rw.reader("c", 1, tc, WAITER_LEASE, "rc", "rc"),
+                rw.reader("d", 1, tc + 1, WAITER_LEASE, "rd", "rd"),
             ]),
             ..RwHash::default()
         }),
@@ -1235,11 +1320,11 @@ fn waiters_queued_behind_lapsed_holds_are_served_by_the_next_acquisition() {
     );
     assert_eq!(
         rw.inbox_events("c"),
-        [rw_grants(ta, false, &[("rc", WAITER_LEASE)])]
+        [rw_grants(false, &[("rc", WAITER_LEASE, tc)])]
     );
     assert_eq!(
         rw.inbox_events("d"),
-        [rw_grants(ta, false, &[("rd", WAITER_LEASE)])]
+        [rw_grants(false, &[("rd", WAITER_LEASE, tc + 1)])]
     );
     rw.assert_no_stray_keys();
 }
@@ -1262,13 +1347,14 @@ fn a_waiter_whose_client_stopped_vouching_for_it_is_dropped() {
     let wb = Bid::write("b", "b-wait").waiting("wb").waiter_lease(100);
     rw.assert_busy(&rw.acquire(wb), d_end, "wb waits");
     sleep(Duration::from_millis(150));
-    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
-    let e_line = rw.reader("e", 1, t, LEASE, "e-read", "-");
+    let te = rw.acquire(Bid::read("e", "e-read"))[1];
+    assert!(te > t, "e's token {te} not above d's {t}");
+    let e_line = rw.reader("e", 1, te, LEASE, "e-read", "-");
     let readers = RwHash {
         o: v(""),
         c: v(0),
         e: v(""),
-        f: v(t),
+        f: v(te),
         q: v(""),
         s: lines(&[d_line, e_line]),
         ..RwHash::default()
@@ -1295,8 +1381,9 @@ fn a_waiter_whose_client_stopped_vouching_for_it_is_dropped() {
         "g behind the live writer wc",
     );
     assert_eq!(rw.leave("wc"), vec![1]);
-    assert_eq!(rw.acquire(Bid::read("g", "g-read")), vec![1, t, 1]);
-    assert_eq!(rw.release(READ, "g", t, "g-release"), vec![1, 0]);
+    let tg = rw.acquire(Bid::read("g", "g-read"))[1];
+    assert!(tg > te, "g's token {tg} not above e's {te}");
+    assert_eq!(rw.release(READ, "g", tg, "g-release"), vec![1, 0]);
 
     // i's writer, then h's reader vouched for 100 ms, then j's writer: once h is dead, i's
     // release grants the lock to j.
@@ -1307,7 +1394,7 @@ fn a_waiter_whose_client_stopped_vouching_for_it_is_dropped() {
         rw.assert_busy(&rw.acquire(bid), e_end, bid.waiter);
     }
     assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
-    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", te, "e-release"), vec![1, 0]);
     let ti = rw.token();
     assert_eq!(hold_owner(&server, RW_HOLD).as_deref(), Some("i"));
     sleep(Duration::from_millis(150));
@@ -1345,20 +1432,21 @@ fn rw_renew_renews_checks_and_refuses() {
     let rw = Rw::new(&server, "stream");
     const Y: &str = "{t:0}:rw:y";
     let t = rw.acquire(Bid::read("d", "d-read"))[1];
-    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
-    let e_line = rw.reader("e", 1, t, LEASE, "e-read", "-");
+    let te = rw.acquire(Bid::read("e", "e-read"))[1];
+    let e_line = rw.reader("e", 1, te, LEASE, "e-read", "-");
     let readers = RwHash {
-        f: v(t),
+        f: v(te),
         q: v(""),
         ..RwHash::default()
     };
 
+    // e under d's token (another hold's): -2.
     assert_eq!(
         rw.renew(
             2 * LEASE,
             &[
                 (READ, "d", t),
-                (READ, "e", t - 1),
+                (READ, "e", t),
                 (READ, "z", t),
                 (WRITE, "d", t)
             ]
@@ -1385,14 +1473,22 @@ fn rw_renew_renews_checks_and_refuses() {
     rw.assert_lasts_as_its_holds("d renewed for less: e's end is the latest");
     let before = rw.dump(&[]);
     assert_eq!(
-        rw.renew(0, &[(READ, "d", t), (READ, "e", t - 1), (READ, "z", t)]),
-        vec![1, -2, 0]
+        rw.renew(
+            0,
+            &[
+                (READ, "d", t),
+                (READ, "e", te),
+                (READ, "e", t),
+                (READ, "z", t)
+            ]
+        ),
+        vec![1, 1, -2, 0]
     );
     assert_eq!(rw.dump(&[]), before, "a check changed a key");
 
     // A tombstone: nothing held.
     assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
-    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", te, "e-release"), vec![1, 0]);
     rw.assert_lasts_the_window("a tombstone");
     let before = rw.dump(&[]);
     let ttl = rw.pttl();
@@ -1444,7 +1540,7 @@ fn rw_inspect_reports_the_live_holds() {
     assert!(!exists(&server, RW_HOLD), "inspect created the hash");
 
     let t = rw.acquire(Bid::read("d", "d-read").lease(10_000))[1];
-    assert_eq!(rw.acquire(Bid::read("e", "e-read")), vec![1, t, 1]);
+    let te = rw.acquire(Bid::read("e", "e-read"))[1];
     let inspected = rw.inspect();
     assert_eq!(inspected[..4], [0, 0, 0, 2], "{inspected:?}");
     rw.span().assert_contains(
@@ -1452,7 +1548,7 @@ fn rw_inspect_reports_the_live_holds() {
         "the time left until e's end",
     );
     assert_eq!(rw.release(READ, "d", t, "d-release"), vec![1, 0]);
-    assert_eq!(rw.release(READ, "e", t, "e-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", te, "e-release"), vec![1, 0]);
     assert_eq!(rw.inspect(), vec![0, 0, 0, 0, -2], "a tombstone");
 
     let ta = rw.acquire(Bid::write("a", "a-write"))[1];
@@ -1471,8 +1567,8 @@ fn rw_inspect_reports_the_live_holds() {
 
 /// `rw_force_unlock.lua`: a lock with no live hold is left as it is (`{0}`); otherwise every
 /// read and write hold goes (`{1}`) and the queue's head is granted the lock (a wave of readers,
-/// or a writer: a new token), or the lock is freed (a tombstone for the retry window). `f` is
-/// kept; the removed holders' releases find nothing.
+/// or a writer: a new token each), or the lock is freed (a tombstone for the retry window).
+/// `f` is kept; the removed holders' releases find nothing.
 #[test]
 fn force_unlock_removes_every_hold_and_grants_the_queue_head() {
     init_tracing();
@@ -1494,22 +1590,24 @@ fn force_unlock_removes_every_hold_and_grants_the_queue_head() {
     }
     let wc_line = rw.queued(wc);
 
+    let clock = rw.clock();
     assert_eq!(rw.force_unlock(), vec![1]);
-    rw.assert_stamped("b", "rb's grant by force");
+    let tb = rw.read_token("b");
+    assert_drawn(tb, ta, clock, "rb's grant by force");
     let b_reads = no_writer(RwHash {
-        f: v(ta),
+        f: v(tb),
         l: v(LEASE),
         r: v("a-again"),
         x: v(""),
         q: lines(&[wc_line]),
-        s: lines(&[rw.reader("b", 1, ta, WAITER_LEASE, "rb", "rb")]),
+        s: lines(&[rw.reader("b", 1, tb, WAITER_LEASE, "rb", "rb")]),
         ..RwHash::default()
     });
     rw.assert_hash(&b_reads, "a's holds removed, rb granted");
     rw.assert_lasts_as_its_holds("rb granted");
     assert_eq!(
         rw.inbox_events("b"),
-        [rw_grants(ta, true, &[("rb", WAITER_LEASE)])]
+        [rw_grants(true, &[("rb", WAITER_LEASE, tb)])]
     );
     let before = rw.dump(&[]);
     assert_eq!(rw.release_all(WRITE, "a", ta, "a-release"), vec![0, 0]);
@@ -1523,7 +1621,7 @@ fn force_unlock_removes_every_hold_and_grants_the_queue_head() {
     let clock = rw.clock();
     assert_eq!(rw.force_unlock(), vec![1]);
     let tc = rw.token();
-    assert_drawn(tc, ta, clock, "wc's grant by force");
+    assert_drawn(tc, tb, clock, "wc's grant by force");
     let c_granted = write_granted("c", tc, WAITER_LEASE, "wc", rw.write_end(WAITER_LEASE), "");
     rw.assert_hash(&c_granted, "b's hold removed, wc granted");
     assert_eq!(
@@ -1621,27 +1719,29 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
         rw.inbox_events("b"),
         [rw_grant("wb", tb, WAITER_LEASE, true)]
     );
+    let clock = rw.clock();
     assert_eq!(rw.leave("wb"), vec![1]);
-    rw.assert_stamped("c", "rc's grant");
-    rw.assert_stamped("e", "re's grant");
-    let e_line = rw.reader("e", 1, tb, WAITER_LEASE, "re", "re");
+    let tc = rw.read_token("c");
+    assert_drawn(tc, tb, clock, "rc's grant");
+    let te = tc + 1;
+    let e_line = rw.reader("e", 1, te, WAITER_LEASE, "re", "re");
     let wave = no_writer(RwHash {
-        f: v(tb),
+        f: v(te),
         l: v(WAITER_LEASE),
         r: v("wb"),
         x: v("wb,a-release"),
         q: lines(&[wd_line]),
         s: lines(&[
-            rw.reader("c", 1, tb, WAITER_LEASE, "rc", "rc"),
+            rw.reader("c", 1, tc, WAITER_LEASE, "rc", "rc"),
             e_line.clone(),
         ]),
         ..RwHash::default()
     });
     rw.assert_hash(&wave, "wb's grant passed on to rc and re");
-    for (client, waiter) in [("c", "rc"), ("e", "re")] {
+    for (client, waiter, token) in [("c", "rc", tc), ("e", "re", te)] {
         assert_eq!(
             rw.inbox_events(client),
-            [rw_grants(tb, true, &[(waiter, WAITER_LEASE)])]
+            [rw_grants(true, &[(waiter, WAITER_LEASE, token)])]
         );
     }
     let before = rw.dump(&[]);
@@ -1649,9 +1749,9 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
     assert_eq!(rw.dump(&[]), before, "a second leave changed a key");
 
     // c re-enters before rc read its grant; rc leaves: c keeps one level, granted to nobody.
-    assert_eq!(rw.acquire(Bid::read("c", "c-again")), vec![1, tb, 2]);
+    assert_eq!(rw.acquire(Bid::read("c", "c-again")), vec![1, tc, 2]);
     assert_eq!(rw.leave("rc"), vec![1]);
-    let c_line = rw.reader("c", 1, tb, LEASE, "c-again", "-");
+    let c_line = rw.reader("c", 1, tc, LEASE, "c-again", "-");
     rw.assert_hash(
         &RwHash {
             s: lines(&[e_line, c_line]),
@@ -1659,14 +1759,14 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
         },
         "rc left its level",
     );
-    assert_eq!(rw.release(READ, "c", tb, "c-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "c", tc, "c-release"), vec![1, 0]);
     assert!(rw.inbox_events("d").is_empty(), "d was sent to early");
 
     // re leaves, the last read hold: wd is granted the lock.
     let clock = rw.clock();
     assert_eq!(rw.leave("re"), vec![1]);
     let td = rw.token();
-    assert_drawn(td, tb, clock, "wd's grant from re");
+    assert_drawn(td, te, clock, "wd's grant from re");
     rw.assert_hash(
         &write_granted(
             "d",
@@ -1757,6 +1857,8 @@ fn the_heartbeat_finds_queued_and_granted_waiters_and_moves_only_their_alive_tim
 
     // b's release grants rc a read hold: 1 by its line's waiter column; nothing written.
     assert_eq!(rw.release(WRITE, "b", tb, "b-release"), vec![1, 0]);
+    let tc = rw.read_token("c");
+    assert!(tc > tb, "rc's token {tc} not above wb's {tb}");
     let before = rw.dump(&[GONE]);
     beat(&["wb", "rc", "c", "b-release"], &[0, 1, 0, 0], "rc granted");
     assert_eq!(
@@ -1770,7 +1872,7 @@ fn the_heartbeat_finds_queued_and_granted_waiters_and_moves_only_their_alive_tim
     assert!(!exists(&server, GONE), "a heartbeat created a hash");
 
     // c's release: a tombstone; then the hash expires.
-    assert_eq!(rw.release(READ, "c", tb, "c-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "c", tc, "c-release"), vec![1, 0]);
     beat(&["wb", "rc"], &[0, 0], "freed");
     server.cmd(&["PEXPIRE", RW_HOLD, "1"]);
     sleep(Duration::from_millis(20));
@@ -1802,19 +1904,17 @@ fn the_hash_lasts_as_its_latest_hold_then_the_retry_window() {
     );
     assert_eq!(rw.release(WRITE, "a", ta, "a-release"), vec![1, 0]);
     rw.assert_lasts_as_its_holds("a's read hold left");
-    assert_eq!(
-        rw.acquire(Bid::read("b", "b-read").lease(40_000)),
-        vec![1, ta, 1]
-    );
+    let tb = rw.acquire(Bid::read("b", "b-read").lease(40_000))[1];
+    assert!(tb > ta, "b's token {tb} not above a's {ta}");
     rw.assert_lasts_as_its_holds("b's read hold is the latest");
     assert_eq!(rw.latest_end(), Some(rw.read_end("b", 40_000)));
-    assert_eq!(rw.release(READ, "b", ta, "b-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "b", tb, "b-release"), vec![1, 0]);
     rw.assert_lasts_as_its_holds("shrunk back to a's read hold");
     assert_eq!(rw.latest_end(), Some(rw.read_end("a", 20_000)));
     assert_eq!(rw.release(READ, "a", ta, "a-read-release"), vec![1, 0]);
     rw.assert_hash(
         &no_writer(RwHash {
-            f: v(ta),
+            f: v(tb),
             l: v(5_000),
             r: v("a-write"),
             x: v("a-read-release,b-release,a-release"),
@@ -1834,7 +1934,7 @@ fn the_hash_lasts_as_its_latest_hold_then_the_retry_window() {
     assert_eq!((taken[0], taken[2]), (1, 1), "{taken:?}");
     assert_drawn(
         taken[1],
-        ta,
+        tb,
         clock,
         "a read take after the tombstone expired",
     );
@@ -1861,14 +1961,16 @@ fn the_writer_at_the_head_that_leaves_lets_the_readers_behind_it_in() {
         rw.assert_busy(&rw.acquire(bid), d_end, bid.waiter);
     }
     let d_line = rw.reader("d", 1, t, LEASE, "d-read", "-");
+    let clock = rw.clock();
     assert_eq!(rw.leave("wb"), vec![1]);
-    rw.assert_stamped("c", "rc's grant");
+    let tc = rw.read_token("c");
+    assert_drawn(tc, t, clock, "rc's grant");
     rw.assert_hash(
         &no_writer(RwHash {
-            f: v(t),
+            f: v(tc),
             x: v(""),
             q: v(""),
-            s: lines(&[d_line, rw.reader("c", 1, t, WAITER_LEASE, "rc", "rc")]),
+            s: lines(&[d_line, rw.reader("c", 1, tc, WAITER_LEASE, "rc", "rc")]),
             ..RwHash::default()
         }),
         "rc granted once wb left",
@@ -1876,7 +1978,7 @@ fn the_writer_at_the_head_that_leaves_lets_the_readers_behind_it_in() {
     rw.assert_lasts_as_its_holds("d and c read");
     assert_eq!(
         rw.inbox_events("c"),
-        [rw_grants(t, false, &[("rc", WAITER_LEASE)])]
+        [rw_grants(false, &[("rc", WAITER_LEASE, tc)])]
     );
     assert!(rw.inbox_events("b").is_empty(), "b was sent to");
     rw.assert_no_stray_keys();
@@ -1937,12 +2039,243 @@ fn the_heartbeat_counts_only_live_grants() {
         op: "c-wait-2",
         ..rc
     });
-    let tb = rw.token();
+    let tc = rw.read_token("c");
+    assert_eq!(rw.token(), tc, "f is rc's token");
     let c_end = rw.read_end("c", 100);
-    rw.assert_granted_already(&answered, tb, 1, c_end, "rc's grant");
+    rw.assert_granted_already(&answered, tc, 1, c_end, "rc's grant");
     assert_eq!(rw.heartbeat(&["wb", "rc"]), vec![0, 1]);
     server.cmd(&["PEXPIRE", RW_HOLD, "10000"]);
     sleep(Duration::from_millis(150));
     assert_eq!(rw.heartbeat(&["wb", "rc"]), vec![0, 0], "rc's grant lapsed");
+    rw.assert_no_stray_keys();
+}
+
+/// `rw_renew` with two read holds of one lock (two owners) in one batch: each entry works on
+/// the hash as the entries before it left it, so both are renewed (both lines' ends move, in
+/// either order, for a longer or a shorter lease); so are a writer's write hold and its own
+/// read hold (a downgrade) in one batch. The hash lasts as its latest hold.
+#[test]
+fn rw_renew_renews_two_holds_of_one_lock_in_one_batch() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let td = rw.acquire(Bid::read("d", "d-read"))[1];
+    let te = rw.acquire(Bid::read("e", "e-read"))[1];
+    let readers = RwHash {
+        f: v(te),
+        q: v(""),
+        ..RwHash::default()
+    };
+
+    assert_eq!(
+        rw.renew(2 * LEASE, &[(READ, "d", td), (READ, "e", te)]),
+        vec![1, 1]
+    );
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[
+                rw.reader("d", 1, td, 2 * LEASE, "d-read", "-"),
+                rw.reader("e", 1, te, 2 * LEASE, "e-read", "-"),
+            ]),
+            ..readers.clone()
+        },
+        "d and e renewed in one batch",
+    );
+    rw.assert_lasts_as_its_holds("d and e renewed in one batch");
+
+    assert_eq!(
+        rw.renew(1_000, &[(READ, "e", te), (READ, "d", td)]),
+        vec![1, 1]
+    );
+    rw.assert_hash(
+        &RwHash {
+            s: lines(&[
+                rw.reader("e", 1, te, 1_000, "e-read", "-"),
+                rw.reader("d", 1, td, 1_000, "d-read", "-"),
+            ]),
+            ..readers
+        },
+        "e and d renewed for less in one batch",
+    );
+    rw.assert_lasts_as_its_holds("e and d renewed for less in one batch");
+    assert_eq!(rw.release(READ, "d", td, "d-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "e", te, "e-release"), vec![1, 0]);
+
+    // A writer's write hold and its own read hold.
+    let ta = rw.acquire(Bid::write("a", "a-write").lease(1_000))[1];
+    assert_eq!(
+        rw.acquire(Bid::read("a", "a-read").lease(1_000)),
+        vec![1, ta, 1]
+    );
+    assert_eq!(
+        rw.renew(2 * LEASE, &[(WRITE, "a", ta), (READ, "a", ta)]),
+        vec![1, 1]
+    );
+    rw.assert_hash(
+        &RwHash {
+            x: v("e-release,d-release"),
+            s: lines(&[rw.reader("a", 1, ta, 2 * LEASE, "a-read", "-")]),
+            ..write_held("a", ta, 2 * LEASE, "a-write", rw.write_end(2 * LEASE))
+        },
+        "a's write and read holds renewed in one batch",
+    );
+    rw.assert_lasts_as_its_holds("a's write and read holds renewed in one batch");
+    rw.assert_no_stray_keys();
+}
+
+/// Every read hold has a token of its own, so a late call of an ended read hold is told apart
+/// from its owner's next read hold: once owner o's read hold ended (its final release) and o
+/// took a new one, a release under the ended hold's token with a new op id (not a retry: not in
+/// the freed-by chain) is refused `{-1, 0}`, one level or all, and a renewal under it gets -2
+/// (with or without a lease); nothing changes and the new hold is left intact, its own calls
+/// applied.
+#[test]
+fn a_stale_call_of_an_ended_read_hold_is_refused_once_its_owner_reads_again() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    let t1 = rw.acquire(Bid::read("o", "o-read-1"))[1];
+    assert_eq!(rw.release(READ, "o", t1, "o-release-1"), vec![1, 0]);
+    let clock = rw.clock();
+    let taken = rw.acquire(Bid::read("o", "o-read-2"));
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    let t2 = taken[1];
+    assert_drawn(t2, t1, clock, "o's second read hold");
+    let o_reads = no_writer(RwHash {
+        f: v(t2),
+        x: v("o-release-1"),
+        q: v(""),
+        s: lines(&[rw.reader("o", 1, t2, LEASE, "o-read-2", "-")]),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&o_reads, "o's second read hold");
+
+    let before = rw.dump(&[]);
+    assert_eq!(rw.release(READ, "o", t1, "o-release-late"), vec![-1, 0]);
+    assert_eq!(
+        rw.release_all(READ, "o", t1, "o-release-late-all"),
+        vec![-1, 0]
+    );
+    assert_eq!(rw.renew(LEASE, &[(READ, "o", t1)]), vec![-2]);
+    assert_eq!(rw.renew(0, &[(READ, "o", t1)]), vec![-2]);
+    assert_eq!(rw.dump(&[]), before, "a stale call changed a key");
+    rw.assert_hash(&o_reads, "o's second read hold left intact");
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 1]);
+
+    // The new hold's own calls.
+    assert_eq!(rw.renew(2 * LEASE, &[(READ, "o", t2)]), vec![1]);
+    assert_eq!(
+        rw.read_end("o", 2 * LEASE),
+        rw.latest_end().expect("o's read hold"),
+        "o's read hold renewed"
+    );
+    assert_eq!(rw.release(READ, "o", t2, "o-release-2"), vec![1, 0]);
+    assert_eq!(rw.inspect(), vec![0, 0, 0, 0, -2]);
+    rw.assert_no_stray_keys();
+}
+
+/// A write release naming a successor whose waiter id is a reader's (it does not start with
+/// `w`): only the write side takes a write hold over, so it is not named. The release is a
+/// plain one (`{1, 0}`): a free lock is left a tombstone, a queue is granted its turn (here a
+/// wave of one reader), and the would-be successor is neither handed the write hold nor
+/// queued, nor sent anything.
+#[test]
+fn a_take_over_never_names_a_reader_waiter_id() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "s"]);
+    let ta = rw.acquire(Bid::write("a", "a-write"))[1];
+    let before = rw.hash();
+    assert_eq!(rw.take_over("a", ta, "a-release", ("s", "rs")), vec![1, 0]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            x: v("a-release"),
+            ..before
+        }),
+        "a's write released, rs not named",
+    );
+    rw.assert_lasts_the_window("a tombstone");
+    assert_eq!(rw.inspect(), vec![0, 0, 0, 0, -2]);
+
+    // A reader queued: the release grants it; rs is not queued.
+    let ta2 = rw.acquire(Bid::write("a", "a-write-2"))[1];
+    assert!(ta2 > ta, "a's second write token {ta2} not above {ta}");
+    let rb = Bid::read("b", "b-wait").waiting("rb");
+    rw.assert_busy(&rw.acquire(rb), rw.write_end(LEASE), "rb waits");
+    let clock = rw.clock();
+    assert_eq!(
+        rw.take_over("a", ta2, "a-release-2", ("s", "rs")),
+        vec![1, 0]
+    );
+    let tb = rw.read_token("b");
+    assert_drawn(tb, ta2, clock, "rb's grant");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(tb),
+            l: v(LEASE),
+            r: v("a-write-2"),
+            x: v("a-release-2,a-release"),
+            q: v(""),
+            s: lines(&[rw.reader("b", 1, tb, WAITER_LEASE, "rb", "rb")]),
+            ..RwHash::default()
+        }),
+        "rb granted, rs neither handed the lock nor queued",
+    );
+    assert_eq!(
+        rw.inbox_events("b"),
+        [rw_grants(false, &[("rb", WAITER_LEASE, tb)])]
+    );
+    assert!(rw.inbox_events("s").is_empty(), "s was sent to");
+    rw.assert_no_stray_keys();
+}
+
+/// `rw_leave.lua` whose attempt to grant the queue its turn drops waiters whose client stopped
+/// vouching for them (their alive time passed) and grants nothing (the live writer next in
+/// line waits for the read hold left): the queue it leaves lacks those dead lines as well as
+/// the line of the waiter that left.
+#[test]
+fn a_leave_that_grants_nothing_drops_the_dead_waiters_it_met() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c", "l"]);
+    let t = rw.acquire(Bid::read("d", "d-read"))[1];
+    let d_line = rw.reader("d", 1, t, LEASE, "d-read", "-");
+    let d_end = rw.read_end("d", LEASE);
+    // b's writer is vouched for 100 ms; c's writer and l's reader a waiter lease.
+    let wb = Bid::write("b", "b-wait").waiting("wb").waiter_lease(100);
+    let wc = Bid::write("c", "c-wait").waiting("wc");
+    let rl = Bid::read("l", "l-wait").waiting("rl");
+    for bid in [wb, wc, rl] {
+        rw.assert_busy(&rw.acquire(bid), d_end, bid.waiter);
+    }
+    let [wb_line, wc_line, rl_line] = [wb, wc, rl].map(|bid| rw.queued(bid));
+    rw.assert_hash(
+        &RwHash {
+            f: v(t),
+            q: lines(&[wb_line, wc_line.clone(), rl_line]),
+            s: lines(&[&d_line]),
+            ..RwHash::default()
+        },
+        "wb, wc and rl queued",
+    );
+    sleep(Duration::from_millis(150));
+
+    assert_eq!(rw.leave("rl"), vec![1]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(t),
+            x: v(""),
+            q: lines(&[wc_line]),
+            s: lines(&[d_line]),
+            ..RwHash::default()
+        }),
+        "rl's line and the dead wb's gone, wc left",
+    );
+    rw.assert_lasts_as_its_holds("d's read hold left");
+    for client in ["b", "c", "l"] {
+        assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
+    }
     rw.assert_no_stray_keys();
 }
