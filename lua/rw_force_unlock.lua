@@ -25,12 +25,9 @@ local q = fields[7] or ''
 if removed == 0 and q == '' then
   return {0}
 end
+-- No hold is left; the queue gets its turn, also when only lapsed holds were in its way.
 state.writer, state.ends, state.others, state.last, state.readers = false, 0, '', 0, 0
-redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '', 's', '')
--- The queue gets its turn, also when only lapsed holds were in its way.
-local granted = q ~= '' and fl_rw_grant(hold, fields[3], q, state, now_us, fields[6] or '',
-  events, mode, lock_id, nil, window)
-if not granted then
-  fl_rw_keep(hold, state, now_ms, window)
-end
+state.mine = nil
+fl_rw_settle(hold, fields[3], q, state, now_us, fields[6] or '', events, mode, lock_id, nil,
+  window)
 return {removed}

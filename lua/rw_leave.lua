@@ -69,17 +69,5 @@ if freed then
 end
 -- The lock may be the queue's turn now: its holder's grant went, or this waiter was the writer
 -- at the head that kept the readers behind it waiting.
-local went = false
-if q ~= '' and not state.writer then
-  -- It writes the queue without the waiters it dropped, and returns it.
-  went, q = fl_rw_grant(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id,
-    nil, window)
-end
-if not went then
-  redis.call('HSET', hold, 'q', q, 'x', freed_by, 's', fl_rw_readers(state))
-  if not state.writer then
-    redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
-  end
-  fl_rw_keep(hold, state, now_ms, window)
-end
+fl_rw_settle(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id, nil, window)
 return {1}

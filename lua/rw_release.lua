@@ -62,23 +62,11 @@ local function queued_reply()
   return {2, math.max(fl_rw_last(state) - now_ms, 1), tonumber(state.f or fields[3])}
 end
 
--- Frees what is left once the hold is gone: grants the queue its turn if it may have it, else
--- writes the lock as it is, a tombstone when no hold is left.
+-- Once the hold is gone: the queue's turn, or the lock written as it is (lib/rw.lua). A
+-- retried write release is answered by the chain x.
 local function settle(freed_by, tail)
-  local granted, left = false, q .. (tail or '')
-  if q ~= '' and not state.writer then
-    granted, left = fl_rw_grant(hold, fields[3], q, state, now_us, freed_by, events, mode,
-      lock_id, tail, window)
-  end
-  if not granted then
-    redis.call('HSET', hold, 'x', freed_by, 'q', left, 's', fl_rw_readers(state))
-    if not state.writer then
-      -- r: a retried write release is answered by the chain x; a read release leaves it.
-      redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
-    end
-    fl_rw_keep(hold, state, now_ms, window)
-  end
-  return granted, left
+  return fl_rw_settle(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id, tail,
+    window)
 end
 
 if side ~= 'write' then

@@ -426,6 +426,69 @@ async fn a_writer_that_gives_up_lets_the_readers_behind_it_in() {
     }
 }
 
+/// The lock `name` with a fixed 120 s lease: no hold ends on its own during a test.
+fn long_lease(client: &LockClient, name: &str) -> fredlock::RwLock {
+    client
+        .rwlock(name)
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(120)))
+        .unwrap()
+}
+
+/// Three clients A, B, C and what [`write_granted_with_a_reader_queued`] left them with.
+struct Queued {
+    clients: [LockClient; 3],
+    /// A's write hold, granted with B's reader still queued behind it (so its release is
+    /// deferred: A's client may take it over).
+    writer: fredlock::WriteGuard,
+    /// B's pending read.
+    reader: tokio::task::JoinHandle<fredlock::Result<fredlock::ReadGuard>>,
+}
+
+/// C holds the write hold; A's writer, then B's reader queue behind it; C's release grants the
+/// write hold to A, B still queued.
+async fn write_granted_with_a_reader_queued(
+    server: &RedisServer,
+    mode: NotificationMode,
+    prefix: &str,
+    name: &str,
+) -> Queued {
+    let connect = || LockClient::connect(config(&server.url(), mode, prefix));
+    let (a, b, c) = (
+        connect().await.unwrap(),
+        connect().await.unwrap(),
+        connect().await.unwrap(),
+    );
+    let c_guard = long_lease(&c, name).write().await.unwrap();
+    let a_task = {
+        let rw = long_lease(&a, name);
+        tokio::spawn(async move { rw.write().await })
+    };
+    eventually_async("A queued", || async {
+        queue_len(server, prefix, name) == 1
+    })
+    .await;
+    let reader = {
+        let rw = long_lease(&b, name);
+        tokio::spawn(async move { rw.read().await })
+    };
+    eventually_async("B queued", || async {
+        queue_len(server, prefix, name) == 2
+    })
+    .await;
+    c_guard.unlock().await.unwrap();
+    let writer = tokio::time::timeout(HANG, a_task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    Queued {
+        clients: [a, b, c],
+        writer,
+        reader,
+    }
+}
+
 /// A writer that asks again right after its own write release (a worker loop) joins the
 /// queue's tail in that release's call: A's write hold came by a grant with reader B queued
 /// behind it, so A's `unlock()` is deferred; A's next `write()` sends the release naming
@@ -437,42 +500,12 @@ async fn a_writer_that_writes_again_right_after_its_release_queues_behind_the_re
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("rewrite-{}", mode.as_str());
-        let connect = || LockClient::connect(config(&server.url(), mode, &prefix));
-        let (a, b, c) = (
-            connect().await.unwrap(),
-            connect().await.unwrap(),
-            connect().await.unwrap(),
-        );
-        let lock = |client: &LockClient| {
-            client
-                .rwlock("loop")
-                .unwrap()
-                .with_lease(Lease::fixed(Duration::from_secs(120)))
-                .unwrap()
-        };
-        let c_guard = lock(&c).write().await.unwrap();
-        let a_task = {
-            let rw = lock(&a);
-            tokio::spawn(async move { rw.write().await })
-        };
-        eventually_async("A queued", || async {
-            queue_len(&server, &prefix, "loop") == 1
-        })
-        .await;
-        let b_task = {
-            let rw = lock(&b);
-            tokio::spawn(async move { rw.read().await })
-        };
-        eventually_async("B queued", || async {
-            queue_len(&server, &prefix, "loop") == 2
-        })
-        .await;
-        c_guard.unlock().await.unwrap();
-        let a_guard = tokio::time::timeout(HANG, a_task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let Queued {
+            clients: [a, b, c],
+            writer: a_guard,
+            reader: b_task,
+        } = write_granted_with_a_reader_queued(&server, mode, &prefix, "loop").await;
+        let lock = |client: &LockClient| long_lease(client, "loop");
         let first = a_guard.fencing_token();
 
         a_guard.unlock().await.unwrap();
@@ -532,42 +565,12 @@ async fn a_reader_right_after_a_write_release_does_not_take_the_write_hold_over(
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("reread-{}", mode.as_str());
-        let connect = || LockClient::connect(config(&server.url(), mode, &prefix));
-        let (a, b, c) = (
-            connect().await.unwrap(),
-            connect().await.unwrap(),
-            connect().await.unwrap(),
-        );
-        let lock = |client: &LockClient| {
-            client
-                .rwlock("reread")
-                .unwrap()
-                .with_lease(Lease::fixed(Duration::from_secs(120)))
-                .unwrap()
-        };
-        let c_guard = lock(&c).write().await.unwrap();
-        let a_task = {
-            let rw = lock(&a);
-            tokio::spawn(async move { rw.write().await })
-        };
-        eventually_async("A queued", || async {
-            queue_len(&server, &prefix, "reread") == 1
-        })
-        .await;
-        let b_task = {
-            let rw = lock(&b);
-            tokio::spawn(async move { rw.read().await })
-        };
-        eventually_async("B queued", || async {
-            queue_len(&server, &prefix, "reread") == 2
-        })
-        .await;
-        c_guard.unlock().await.unwrap();
-        let a_guard = tokio::time::timeout(HANG, a_task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let Queued {
+            clients: [a, b, c],
+            writer: a_guard,
+            reader: b_task,
+        } = write_granted_with_a_reader_queued(&server, mode, &prefix, "reread").await;
+        let lock = |client: &LockClient| long_lease(client, "reread");
         a_guard.unlock().await.unwrap();
         assert_eq!(
             a.stats().deferred_releases,

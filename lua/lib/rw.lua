@@ -52,6 +52,12 @@
 -- fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, alive_until) -> one line of q
 -- fl_rw_live(q, now_ms)              -> q without the waiters whose time passed, and whether a
 --                                       writer is left in it
+-- fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
+--   -> what fl_rw_grant returns. After a call ended or dropped holds (state is what is left):
+--   grants the queue its turn when no write hold is live (fl_rw_grant), and otherwise, or when
+--   nothing was granted, writes the lock as it is: the queue left (plus `tail`), the freed-by
+--   chain x, the read holds, no write hold unless one is live, and the ttl (the retry window
+--   when no hold is left: the tombstone)
 -- fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
 --   -> "w" (a writer was granted the lock), "r" (readers were granted
 --   read holds, or woken to re-enter) or false (nothing granted: the queue is empty or held
@@ -286,4 +292,20 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     end
   end
   return 'r', left
+end
+
+local function fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
+  local granted, left = false, q .. (tail or '')
+  if q ~= '' and not state.writer then
+    granted, left = fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail,
+      window)
+  end
+  if not granted then
+    redis.call('HSET', hold, 'x', x, 'q', left, 's', fl_rw_readers(state))
+    if not state.writer then
+      redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
+    end
+    fl_rw_keep(hold, state, math.floor(now_us / 1000), window)
+  end
+  return granted, left
 end

@@ -25,6 +25,7 @@ use crate::error::{Error, NotHeldReason, Result};
 use crate::keys::LockKeys;
 use crate::lease::{clamp_ttl, Lease};
 use crate::lock::guard::LockGuard;
+use crate::notify::Bid;
 use crate::owner::Owner;
 use crate::scripts::{int_array, Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
@@ -206,6 +207,42 @@ pub(crate) fn release_call(
 ) -> ScriptArgs {
     let window = ctx.tombstone_ttl().as_millis() as i64;
     ScriptArgs::release(owner.id(), token, op, all, window)
+}
+
+/// The successor arguments of a release script (`lua/hold_release.lua` `ARGV[9..14]`,
+/// `lua/rw_release.lua` `ARGV[10..15]`): the successor's owner, waiter id and lease, the
+/// hand-over limit (ms), the client's inbox tag, and, for a successor that joins the queue
+/// when the queue's turn comes (a waiting take-over), the client's waiter lease; all empty
+/// without a successor.
+pub(crate) fn successor_args(
+    ctx: &Context,
+    successor: Option<(&str, &Bid)>,
+    limit_ms: i64,
+) -> [Value; 6] {
+    let Some((waiter, bid)) = successor else {
+        return [
+            "".into(),
+            "".into(),
+            0.into(),
+            0.into(),
+            "".into(),
+            "".into(),
+        ];
+    };
+    let joins = if bid.joins_queue {
+        (ctx.config.waiter_lease.as_millis() as i64).into()
+    } else {
+        // A try never queues: it is handed the lock or answered busy.
+        "".into()
+    };
+    [
+        bid.owner.id().into(),
+        waiter.into(),
+        (bid.lease.as_millis() as i64).into(),
+        limit_ms.into(),
+        ctx.inbox_tag.as_ref().into(),
+        joins,
+    ]
 }
 
 /// Runs a release script and decodes its reply.

@@ -5,8 +5,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::types::Value;
-
 use crate::context::BoxFuture;
 use crate::engine::{Attempt, Driver, Engine, HandOver, Released};
 use crate::error::Result;
@@ -15,7 +13,7 @@ use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, inspect, leave_queue, release_call, release_with, run_call,
-    Acquirer, LockState,
+    successor_args, Acquirer, LockState,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::Owner;
@@ -322,31 +320,9 @@ impl ExclusiveDriver {
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
         let ctx = &self.engine.ctx;
-        let successor: [Value; 6] = match successor {
-            Some((waiter, bid)) => [
-                bid.owner.id().into(),
-                waiter.into(),
-                (bid.lease.as_millis() as i64).into(),
-                self.handover_limit_ms().into(),
-                ctx.inbox_tag.as_ref().into(),
-                if bid.joins_queue {
-                    (ctx.config.waiter_lease.as_millis() as i64).into()
-                } else {
-                    "".into()
-                },
-            ],
-            None => [
-                "".into(),
-                "".into(),
-                0.into(),
-                0.into(),
-                "".into(),
-                "".into(),
-            ],
-        };
         let args = release_call(ctx, owner, token, op, all)
             .events(ctx.event_args(&self.keys))
-            .extra(successor);
+            .extra(successor_args(ctx, successor, self.handover_limit_ms()));
         release_with(
             ctx,
             &self.keys,

@@ -18,7 +18,7 @@ use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call, run_ints,
-    Acquirer,
+    successor_args, Acquirer,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::{op_id, Owner};
@@ -256,33 +256,11 @@ impl RwDriver {
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
         let ctx = &self.engine.ctx;
-        let successor: [Value; 6] = match successor {
-            Some((waiter, bid)) => [
-                bid.owner.id().into(),
-                waiter.into(),
-                (bid.lease.as_millis() as i64).into(),
-                0.into(),
-                ctx.inbox_tag.as_ref().into(),
-                // A try (`try_write`) never queues: it is handed the lock or answered busy.
-                if bid.joins_queue {
-                    (ctx.config.waiter_lease.as_millis() as i64).into()
-                } else {
-                    "".into()
-                },
-            ],
-            None => [
-                "".into(),
-                "".into(),
-                0.into(),
-                0.into(),
-                "".into(),
-                "".into(),
-            ],
-        };
         let args = release_call(ctx, owner, token, op, all)
             .events(ctx.event_args(&self.keys))
             .kind(self.mode.as_str())
-            .extra(successor);
+            // The lock is fair: no hand-over limit.
+            .extra(successor_args(ctx, successor, 0));
         let script = &SCRIPTS.rw_release;
         release_with(ctx, &self.keys, script, self.script_keys(), args).await
     }
