@@ -15,7 +15,7 @@ use support::{
     emit_result, hold_owner, init_tracing, is_worker, queued_waiters, spawn_worker_handle,
     worker_param, RedisServer, Resp, RespConn,
 };
-use support::{eventually, parse_mode, poll_once, HANG, MODES};
+use support::{eventually, parse_mode, take_over_deferred, HANG, MODES};
 
 /// One shard, so the test can name the lock's hash: `{prefix:0}:fair:<name>`.
 fn config(url: &str, mode: NotificationMode, prefix: &str, waiter_lease: Duration) -> Config {
@@ -799,18 +799,10 @@ async fn a_relock_after_a_release_queues_behind_the_waiters_in_the_same_call() {
         let first = a_guard.fencing_token();
 
         a_guard.unlock().await.unwrap();
-        assert_eq!(
-            a.stats().deferred_releases,
-            1,
-            "{mode:?}: A's release waits"
-        );
         let attempts = a.stats().attempts;
-        // On one thread, A's release task cannot run before A's lock() names itself.
         let a_mutex = lock(&a);
-        let mut relock = Box::pin(async move { a_mutex.lock().await });
-        poll_once("A's lock()", &mut relock).await;
-        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}: taken over");
-        let relock = tokio::spawn(relock);
+        let what = format!("{mode:?}: A's lock()");
+        let relock = take_over_deferred(&a, &what, async move { a_mutex.lock().await }).await;
         let b_guard = tokio::time::timeout(HANG, b_task)
             .await
             .unwrap()

@@ -39,6 +39,18 @@ fn urls(servers: &[RedisServer]) -> Vec<String> {
     servers.iter().map(RedisServer::url).collect()
 }
 
+/// The Redlock `name` over `clients`, held with a fixed 120 s lease: it ends only by a release
+/// within a test.
+async fn held_for_long(clients: &[LockClient], name: &str) -> fredlock::RedlockGuard {
+    Redlock::new(clients, name)
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(120)))
+        .unwrap()
+        .lock()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_on_a_quorum_and_tokens_increase() {
     init_tracing();
@@ -103,13 +115,7 @@ async fn a_waiter_is_woken_by_the_release() {
     let servers = start_five();
     let holders = clients(&urls(&servers)).await;
     let waiters = clients(&urls(&servers)).await;
-    let held = Redlock::new(&holders, "report")
-        .unwrap()
-        .with_lease(Lease::fixed(Duration::from_secs(120)))
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
+    let held = held_for_long(&holders, "report").await;
     let lock = Redlock::new(&waiters, "report").unwrap();
     let waiter = tokio::spawn(async move { lock.lock().await.map(|g| g.fencing_token()) });
     while waiters[0].stats().waiting == 0 {
@@ -159,13 +165,7 @@ async fn unlock_rides_out_an_unresponsive_instance() {
     init_tracing();
     let servers = start_five();
     let clients = clients(&urls(&servers)).await;
-    let guard = Redlock::new(&clients, "frozen")
-        .unwrap()
-        .with_lease(Lease::fixed(Duration::from_secs(120)))
-        .unwrap()
-        .lock()
-        .await
-        .unwrap();
+    let guard = held_for_long(&clients, "frozen").await;
     assert_eq!(guard.instances(), 5);
     servers[0].stop_signal();
     let unlocking = tokio::spawn(guard.unlock());

@@ -48,18 +48,8 @@ fn only_a_take_of_a_lock_with_no_hash_reads_the_fence_key() {
     // value), the token continues and the fence key is left as it is.
     let mut token = t;
     let mut freed_by = vec!["a-release".to_owned()];
-    for (n, value) in [
-        None,
-        Some(format!("{t}|{OTHER_LAYOUT}")),
-        Some("hello".to_owned()),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        server.cmd(&["DEL", FENCE]);
-        if let Some(value) = &value {
-            server.cmd(&["SET", FENCE, value]);
-        }
+    for (n, value) in fence_states(t).into_iter().enumerate() {
+        set_fence(&server, value.as_deref());
         let fence = snapshot(&server, FENCE);
         // Op ids are unique per call (a reused one would be answered as a retry).
         let owner = format!("b{n}");
@@ -159,16 +149,14 @@ fn hold_renew_sets_the_lease_field_and_the_ttl() {
     let other = "{t:0}:mutex:y";
     let renew = |lease: i64, holds: &[(&str, &str, i64)]| {
         let lease = lease.to_string();
-        let count = holds.len().to_string();
         let tokens: Vec<String> = holds.iter().map(|(_, _, t)| t.to_string()).collect();
-        let mut command = vec!["EVAL", renew_script.as_str(), &count];
-        command.extend(holds.iter().map(|(key, _, _)| *key));
-        command.push(&lease);
+        let keys: Vec<&str> = holds.iter().map(|(key, _, _)| *key).collect();
+        let mut args = vec![lease.as_str()];
         for ((_, owner, _), token) in holds.iter().zip(&tokens) {
-            command.push(owner);
-            command.push(token);
+            args.push(owner);
+            args.push(token);
         }
-        ints(server.cmd(&command))
+        ints(eval(&server, &renew_script, &keys, &args))
     };
 
     let t = lua.acquire(Ask::once("a", "a-take"))[1];
@@ -571,18 +559,8 @@ fn only_an_rw_take_of_a_lock_with_no_hash_reads_the_fence_key() {
     // re-entry counts up, a busy write attempt queues; after the reads' releases (a tombstone)
     // a write take continues the token. The fence key is left as it is.
     let mut token = t;
-    for (n, value) in [
-        None,
-        Some(format!("{t}|{OTHER_LAYOUT}")),
-        Some("hello".to_owned()),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        server.cmd(&["DEL", FENCE]);
-        if let Some(value) = &value {
-            server.cmd(&["SET", FENCE, value]);
-        }
+    for (n, value) in fence_states(t).into_iter().enumerate() {
+        set_fence(&server, value.as_deref());
         let fence = snapshot(&server, FENCE);
         let what = format!("fence {value:?}");
         let (reader, writer) = (format!("b{n}"), format!("w{n}"));
@@ -748,4 +726,22 @@ fn plant(server: &RedisServer, key: &str, kind: &str) {
         "zset" => server.cmd(&["ZADD", key, "1", "m"]),
         _ => server.cmd(&["XADD", key, "*", "o", "a"]),
     };
+}
+
+/// What a shard's fence key may hold while a lock's hash exists: nothing (lost), another
+/// layout's stamp (with the token `t`), a foreign string.
+fn fence_states(t: i64) -> [Option<String>; 3] {
+    [
+        None,
+        Some(format!("{t}|{OTHER_LAYOUT}")),
+        Some("hello".to_owned()),
+    ]
+}
+
+/// Sets the fence key to `value`, or deletes it.
+fn set_fence(server: &RedisServer, value: Option<&str>) {
+    server.cmd(&["DEL", FENCE]);
+    if let Some(value) = value {
+        server.cmd(&["SET", FENCE, value]);
+    }
 }

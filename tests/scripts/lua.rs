@@ -16,6 +16,26 @@ pub(crate) const LAYOUT: &str = "v-test shards=1 notification=stream";
 /// Another layout's stamp, as a client with another shard count would write it.
 pub(crate) const OTHER_LAYOUT: &str = "v-other shards=2 notification=stream";
 
+/// `EVAL script` with `keys` and `args` on `server`: the raw reply.
+pub(crate) fn eval(server: &RedisServer, script: &str, keys: &[&str], args: &[&str]) -> Resp {
+    let count = keys.len().to_string();
+    let mut command = vec!["EVAL", script, &count];
+    command.extend(keys);
+    command.extend(args);
+    server.cmd(&command)
+}
+
+/// The ARGV of a script without a call of its own (a leave: `waiter` at the waiter id's
+/// place; a force unlock: `""`): the retry window and the event arguments.
+pub(crate) fn no_call<'a>(
+    waiter: &'a str,
+    window: &'a str,
+    mode: &'a str,
+    lock_id: &'a str,
+) -> [&'a str; 8] {
+    ["", "", "", waiter, window, mode, "1000", lock_id]
+}
+
 /// The fence argument `"<0|1><layout>"` (`lua/lib/fence.lua`): `create` lets a script create a
 /// missing fence key (a client passes it only after checking the layout record).
 pub(crate) fn fence_arg(create: bool) -> String {
@@ -156,8 +176,13 @@ pub(crate) fn queued_since(queue: &str, waiter: &str) -> Option<i64> {
 /// The grant event a release sends to a waiter's inbox: not numbered (sequence 0); `queued`
 /// when other lines stay in the hold's queue after the grant (the flag is 1, else 0).
 pub(crate) fn grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
+    grant_of(LOCK_ID, waiter, token, grant_ms, queued)
+}
+
+/// The grant event of lock `lock_id` (an exclusive lock's, a read-write lock's write hold).
+fn grant_of(lock_id: &str, waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
     let queued = u8::from(queued);
-    format!("0|grant|{waiter},{token},{grant_ms},{queued}|{LOCK_ID}")
+    format!("0|grant|{waiter},{token},{grant_ms},{queued}|{lock_id}")
 }
 
 /// The event that wakes a waiter that is only woken (waiter lease -1: a Redlock round), never
@@ -340,11 +365,7 @@ impl<'a> Lua<'a> {
     }
 
     pub(crate) fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Resp {
-        let count = keys.len().to_string();
-        let mut command = vec!["EVAL", script, &count];
-        command.extend(keys);
-        command.extend(args);
-        self.server.cmd(&command)
+        eval(self.server, script, keys, args)
     }
 
     /// `hold_acquire` with the fence argument `fence_arg`; the raw reply.
@@ -611,7 +632,7 @@ impl<'a> Lua<'a> {
         self.eval(
             &self.leave,
             &KEYS,
-            &["", "", "", waiter, &window, self.mode, "1000", LOCK_ID],
+            &no_call(waiter, &window, self.mode, LOCK_ID),
         )
     }
 
@@ -625,7 +646,7 @@ impl<'a> Lua<'a> {
         self.eval(
             &self.force,
             &KEYS,
-            &["", "", "", "", &window, self.mode, "1000", LOCK_ID],
+            &no_call("", &window, self.mode, LOCK_ID),
         )
     }
 
@@ -767,11 +788,7 @@ pub(crate) fn open_inboxes(server: &RedisServer, owners: &[&str]) {
 /// `inbox_keep.lua` (no library) on `inboxes` with the ttl `ttl` ms; the raw reply.
 pub(crate) fn keep_inboxes(server: &RedisServer, inboxes: &[&str], ttl: &str) -> Resp {
     let script = composed(&[], include_str!("../../lua/inbox_keep.lua"));
-    let count = inboxes.len().to_string();
-    let mut command = vec!["EVAL", script.as_str(), &count];
-    command.extend(inboxes);
-    command.push(ttl);
-    server.cmd(&command)
+    eval(server, &script, inboxes, &[ttl])
 }
 
 /// A reply array of integers, to compare with a raw reply.
@@ -931,8 +948,7 @@ pub(crate) fn v(value: impl ToString) -> Option<String> {
 
 /// The grant event a release sends to a writer's client (`lua/lib/rw.lua`).
 pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
-    let queued = u8::from(queued);
-    format!("0|grant|{waiter},{token},{grant_ms},{queued}|{RW_LOCK_ID}")
+    grant_of(RW_LOCK_ID, waiter, token, grant_ms, queued)
 }
 
 /// The event that grants a wave of readers of one client: the queued flag, then each reader's
@@ -1026,12 +1042,8 @@ impl<'a> Rw<'a> {
     /// One script call with `EVAL`; notes its span, and the times of the hash it changed.
     fn eval(&self, script: &str, keys: &[&str], args: &[&str]) -> Resp {
         let before = hash_times(self.server);
-        let count = keys.len().to_string();
-        let mut command = vec!["EVAL", script, &count];
-        command.extend(keys);
-        command.extend(args);
         let from = self.clock_ms();
-        let reply = self.server.cmd(&command);
+        let reply = eval(self.server, script, keys, args);
         let span = Span {
             from,
             to: self.clock_ms(),
@@ -1149,7 +1161,7 @@ impl<'a> Rw<'a> {
         self.eval(
             &self.leave,
             &RW_KEYS,
-            &["", "", "", waiter, &window, self.mode, "1000", RW_LOCK_ID],
+            &no_call(waiter, &window, self.mode, RW_LOCK_ID),
         )
     }
 
@@ -1163,7 +1175,7 @@ impl<'a> Rw<'a> {
         self.eval(
             &self.force,
             &RW_KEYS,
-            &["", "", "", "", &window, self.mode, "1000", RW_LOCK_ID],
+            &no_call("", &window, self.mode, RW_LOCK_ID),
         )
     }
 

@@ -205,3 +205,23 @@ where
         _ = std::future::ready(()) => {}
     }
 }
+
+/// Runs `ask`, an acquisition of `client`'s that follows one of its deferred releases (a
+/// worker loop: unlock, then lock again), on this current-thread runtime: polled once, it
+/// names itself the release's successor before the release task can run, so it takes the
+/// release over (checked on the client's stats). Returns it spawned, to finish.
+pub async fn take_over_deferred<F>(client: &LockClient, what: &str, ask: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Debug + Send + 'static,
+{
+    assert_eq!(
+        client.stats().deferred_releases,
+        1,
+        "{what}: the release waits"
+    );
+    let mut ask = Box::pin(ask);
+    poll_once(what, &mut ask).await;
+    assert_eq!(client.stats().deferred_releases, 0, "{what}: taken over");
+    tokio::spawn(ask)
+}
