@@ -16,6 +16,7 @@
 -- ARGV[4] all      "1" to release every hold of the owner at once, "0" to release one
 -- ARGV[5] window   tombstone ttl in ms (see lib/hold.lua)
 -- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
+-- ARGV[9..14] are passed only with a successor; missing ones read as "" (none).
 -- ARGV[9] successor  successor owner id, "" for none: a task of the releasing process that
 --                  may be handed the lock when this release frees it (lock cohorting: a
 --                  local waiter, or a task that asks for the lock right after this release)
@@ -47,7 +48,8 @@
 local hold, events = KEYS[1], KEYS[4]
 local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local mode, lock_id = ARGV[6], ARGV[8]
-local successor, successor_waiter, successor_lease = ARGV[9], ARGV[10], tonumber(ARGV[11])
+local successor, successor_waiter = ARGV[9] or '', ARGV[10] or ''
+local successor_lease = tonumber(ARGV[11])
 local limit = tonumber(ARGV[12])
 local successor_inbox, successor_queues = ARGV[13] or '', ARGV[14] or ''
 

@@ -21,6 +21,7 @@
 -- ARGV[5] window   the retry window in ms: the ttl of a lock left with no hold
 -- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
 -- ARGV[9] side     "read" or "write"
+-- ARGV[10..15] are passed only with a successor; missing ones read as "" (none).
 -- ARGV[10] successor  successor owner id, "" for none (write side only)
 -- ARGV[11] successor-waiter  the successor's waiter id
 -- ARGV[12] successor-lease   its lease in ms

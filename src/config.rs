@@ -16,9 +16,10 @@ use crate::error::{Error, Result};
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum NotificationMode {
-    /// Release events go to one Redis Stream per shard; one reader connection per process reads
-    /// them with `XREAD BLOCK`, always resuming from the last entry it saw. Nothing is lost across
-    /// reconnects while the stream still holds the entries (see [`Config::stream_max_len`]).
+    /// Release events go to a Redis Stream per client (its inbox; one per shard on a cluster);
+    /// one reader connection per process reads them with `XREAD BLOCK`, always resuming from
+    /// the last entry it saw, so nothing is lost across reconnects while the inbox still holds
+    /// the entries (it keeps about the last 100).
     #[default]
     Stream,
     /// Release events are published on one channel per shard (Redisson's model). Messages sent
@@ -62,17 +63,13 @@ pub struct Config {
     pub key_prefix: String,
     /// How waiters are woken.
     pub notification: NotificationMode,
-    /// Number of lock shards. Each shard has its own hash tag, event stream or channel and event
-    /// counter; a lock lives in the shard its name hashes to. More shards spread locks over more
-    /// cluster slots. 1 to 1024.
+    /// Number of lock shards. Each shard has its own hash tag (and on a cluster each client has
+    /// an inbox per shard); a lock lives in the shard its name hashes to. More shards spread
+    /// locks over more cluster slots. 1 to 1024.
     pub shards: u16,
     /// Lease of watchdog-renewed holds; renewal runs every lease / 3.
     #[serde(with = "humantime_serde")]
     pub watchdog_lease: Duration,
-    /// Approximate cap on each shard's event stream (`XADD MAXLEN ~`). A reader that falls
-    /// further behind detects the gap and makes every local waiter re-check. 16 to
-    /// 100 000 000.
-    pub stream_max_len: u64,
     /// Limit on establishing the connections in [`crate::LockClient::connect`].
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -145,7 +142,6 @@ impl Default for Config {
             notification: NotificationMode::Stream,
             shards: 16,
             watchdog_lease: Duration::from_secs(30),
-            stream_max_len: 10_000,
             connect_timeout: Duration::from_secs(5),
             command_timeout: Duration::from_secs(5),
             waiter_lease: Duration::from_secs(3),
@@ -228,7 +224,6 @@ impl Config {
             )));
         }
         check_url(&self.url)?;
-        check_count("stream_max_len", self.stream_max_len, 16, MAX_STREAM_LEN)?;
         check_count("replica_acks", u64::from(self.replica_acks), 0, 64)?;
         if self.handover_limit > Duration::from_secs(10) {
             return Err(Error::InvalidConfig(format!(
@@ -281,7 +276,6 @@ impl fmt::Debug for Config {
             .field("notification", &self.notification)
             .field("shards", &self.shards)
             .field("watchdog_lease", &self.watchdog_lease)
-            .field("stream_max_len", &self.stream_max_len)
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("waiter_lease", &self.waiter_lease)
@@ -295,9 +289,6 @@ impl fmt::Debug for Config {
             .finish()
     }
 }
-
-/// Largest [`Config::stream_max_len`].
-const MAX_STREAM_LEN: u64 = 100_000_000;
 
 /// URL schemes fred can serve with this build: `redis`/`valkey`, optionally `-cluster` or
 /// `-sentinel`, and their TLS forms with the `tls` feature.
@@ -413,10 +404,6 @@ mod tests {
                 ..Config::default()
             },
             Config {
-                stream_max_len: 1 << 63,
-                ..Config::default()
-            },
-            Config {
                 notifier_block: Duration::from_millis(1),
                 ..Config::default()
             },
@@ -500,8 +487,6 @@ mod tests {
             f(&mut config);
             config.validate()
         };
-        assert!(with(|c| c.stream_max_len = MAX_STREAM_LEN).is_ok());
-        assert!(with(|c| c.stream_max_len = MAX_STREAM_LEN + 1).is_err());
         assert!(with(|c| c.replica_acks = 64).is_ok());
         assert!(with(|c| c.replica_acks = 65).is_err());
         assert!(with(|c| c.handover_limit = Duration::ZERO).is_ok());

@@ -223,14 +223,16 @@ impl Context {
         err
     }
 
-    /// The ARGV tail every event-emitting script takes: mode, stream cap, lock id.
+    /// The ARGV tail every event-emitting script takes: mode, the reserved `maxlen` position,
+    /// lock id.
     pub(crate) fn event_args(&self, keys: &LockKeys) -> Vec<Value> {
         let mut args = self.event_args_mode();
         args.push(keys.id().as_ref().into());
         args
     }
 
-    /// Notification mode and stream cap, as script arguments.
+    /// Notification mode and the reserved `maxlen` position (empty: no script reads it, the
+    /// inboxes are capped by `lua/lib/notify.lua`), as script arguments.
     pub(crate) fn event_args_mode(&self) -> Vec<Value> {
         let mode = match self.config.notification {
             NotificationMode::PubSub if self.sharded_pubsub => "spubsub",
@@ -240,7 +242,7 @@ impl Context {
             NotificationMode::Stream if self.nomkstream => "stream6",
             other => other.as_str(),
         };
-        vec![mode.into(), (self.config.stream_max_len as i64).into()]
+        vec![mode.into(), "".into()]
     }
 
     /// `WAIT numreplicas timeout` on the node that owns `key`: how many replicas acknowledged

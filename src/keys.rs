@@ -200,11 +200,20 @@ impl LockKeys {
 
     /// A key of this lock with the given role; `""` is the main (hold) key.
     pub(crate) fn key(&self, role: &str) -> String {
-        if role.is_empty() {
-            format!("{}:{}:{}", self.tag, self.kind, self.name())
-        } else {
-            format!("{}:{}.{}:{}", self.tag, self.kind, role, self.name())
+        // By hand rather than `format!`: it runs for every key of every script call.
+        let name = self.name();
+        let size = self.tag.len() + self.kind.len() + role.len() + name.len() + 3;
+        let mut key = String::with_capacity(size);
+        key.push_str(&self.tag);
+        key.push(':');
+        key.push_str(self.kind);
+        if !role.is_empty() {
+            key.push('.');
+            key.push_str(role);
         }
+        key.push(':');
+        key.push_str(name);
+        key
     }
 
     /// The shard's fence key (see [`Keyspace::fence`]).

@@ -41,21 +41,26 @@ pub(crate) struct Layout {
     prefix: String,
     key: String,
     ours: Arc<str>,
+    /// [`Layout::fence_arg`] of `false` and `true`, built once (a token-issuing script takes
+    /// it on every call).
+    fence_args: [Value; 2],
     /// The layout the server recorded, once it differs from ours: the client is then refused.
     refused: OnceLock<String>,
 }
 
 impl Layout {
     pub(crate) fn new(config: &Config, keyspace: &Keyspace) -> Layout {
+        let ours: Arc<str> = format!(
+            "{VERSION} shards={} notification={}",
+            keyspace.shards(),
+            config.notification.as_str()
+        )
+        .into();
         Layout {
             prefix: config.key_prefix.clone(),
             key: keyspace.layout(),
-            ours: format!(
-                "{VERSION} shards={} notification={}",
-                keyspace.shards(),
-                config.notification.as_str()
-            )
-            .into(),
+            fence_args: [0, 1].map(|verified| format!("{verified}{ours}").into()),
+            ours,
             refused: OnceLock::new(),
         }
     }
@@ -68,7 +73,7 @@ impl Layout {
     /// The fence argument of a token-issuing script: `"<0|1><layout>"`, 1 when the caller has
     /// just verified the record, so that a missing fence key may be created.
     pub(crate) fn fence_arg(&self, verified: bool) -> Value {
-        format!("{}{}", u8::from(verified), self.ours).into()
+        self.fence_args[usize::from(verified)].clone()
     }
 
     /// Records our layout if the prefix has none, and checks the recorded one. A mismatch

@@ -29,6 +29,8 @@ usage: cargo bench --bench locks -- [OPTIONS]
   --s7-shapes LIST    s7 processes x tasks (4x4,16x1,64x1)
   --s7-locks LIST     s7 locks: mutex,fair,rwlock,naive,rslock (all)
   --s7-seconds S      s7 window per row (3; quick 1.5)
+  --s7-rounds N       s7 runs of every row, the rows of a shape in turn; the median run (by
+                      acq/s) is reported (3; quick 1)
   -h, --help          this text
 
 Without REDIS_URL the bench starts its own redis-server on a free loopback port.";
@@ -146,6 +148,8 @@ pub struct Args {
     pub s7_shapes: Vec<Shape>,
     pub s7_locks: Vec<LockKind>,
     pub s7_seconds: f64,
+    /// S7 rounds: every row of a shape runs this many times, the rows in turn.
+    pub s7_rounds: usize,
 }
 
 /// A comma-separated list, each item parsed by `item` (which may expand to several).
@@ -215,6 +219,7 @@ impl Args {
             .collect();
         let mut s7_locks = LockKind::ALL.to_vec();
         let mut s7_seconds = None;
+        let mut s7_rounds = None;
         let mut parser = lexopt::Parser::from_args(raw);
         while let Some(arg) = parser.next()? {
             match arg {
@@ -248,6 +253,7 @@ impl Args {
                     s7_locks = lock_kinds(&parser.value()?.string()?, &LockKind::ALL)?
                 }
                 Long("s7-seconds") => s7_seconds = Some(parser.value()?.parse()?),
+                Long("s7-rounds") => s7_rounds = Some(parser.value()?.parse()?),
                 _ => return Err(arg.unexpected()),
             }
         }
@@ -273,6 +279,7 @@ impl Args {
             s7_shapes,
             s7_locks,
             s7_seconds: s7_seconds.unwrap_or(if quick { 1.5 } else { 3.0 }),
+            s7_rounds: s7_rounds.unwrap_or(if quick { 1 } else { 3 }),
         };
         args.check().map_err(lexopt::Error::from)?;
         Ok(Some(args))
@@ -293,8 +300,10 @@ impl Args {
         if self.processes == 0 || self.tasks == 0 || self.processes * self.tasks < 2 {
             return Err("S2 needs at least 2 tasks in all (--processes × --tasks)".into());
         }
-        if self.s3_rounds == 0 || self.s5_rounds == 0 || self.s6_reps == 0 {
-            return Err("--s3-rounds, --s5-rounds and --s6-reps must be at least 1".into());
+        if self.s3_rounds == 0 || self.s5_rounds == 0 || self.s6_reps == 0 || self.s7_rounds == 0 {
+            return Err(
+                "--s3-rounds, --s5-rounds, --s6-reps and --s7-rounds must be at least 1".into(),
+            );
         }
         if self.s4_waiters.iter().any(|&n| n == 0 || n > 100_000) {
             return Err("--s4-waiters must be in 1..=100000".into());

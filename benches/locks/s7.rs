@@ -3,6 +3,13 @@
 //! `Mutex`, `FairMutex` and the write side of `RwLock` in every mode, and the peers (naive,
 //! rslock) once. `--s7-seconds` (3; 1.5 with `--quick`) per row.
 //!
+//! Rounds: the machine's speed moves by a factor of two within minutes on a shared 2-CPU
+//! host, so one window per row would compare the locks of a shape at different moments. Every
+//! row of a shape runs `--s7-rounds` times (3; 1 with `--quick`), the rows in turn (round 1 of
+//! every lock, then round 2 ...), and the report gives each row's median run by
+//! acquisitions/s, all of that run's figures together, with the spread of the rounds beside
+//! it. The targets judge the median runs.
+//!
 //! Per row: acquisitions/s, Redis commands per acquisition (`INFO commandstats` deltas over
 //! the window, calls inside scripts included, `INFO` and the critical section's `GET` + `SET`
 //! excluded), Redis CPU per acquisition (`INFO cpu` used_cpu_sys + used_cpu_user delta),
@@ -42,7 +49,10 @@ pub struct S7Row {
     pub kind: LockKind,
     /// `None` for the peers.
     pub mode: Option<NotificationMode>,
+    /// The median round (by acquisitions/s).
     pub result: LoopResult,
+    /// Acquisitions/s of every round, in round order.
+    pub round_rates: Vec<f64>,
 }
 
 impl S7Row {
@@ -58,12 +68,14 @@ impl S7Row {
             "lock": self.kind.name(),
             "mode": self.mode.map(NotificationMode::as_str),
             "result": self.result.json(),
+            "round_acq_per_s": self.round_rates,
         })
     }
 }
 
 pub struct S7Result {
     pub seconds: f64,
+    pub rounds: usize,
     pub rows: Vec<S7Row>,
 }
 
@@ -98,6 +110,7 @@ impl S7Result {
     pub fn json(&self) -> Json {
         json!({
             "seconds": self.seconds,
+            "rounds": self.rounds,
             "rows": self.rows.iter().map(S7Row::json).collect::<Vec<_>>(),
         })
     }
@@ -131,39 +144,66 @@ pub async fn run_s7(ctxs: &[ModeCtx<'_>]) -> Result<S7Result, String> {
     let args = first.args;
     let mut rows = Vec::new();
     for &shape in &args.s7_shapes {
-        for &kind in &args.s7_locks {
-            let ctxs: &[ModeCtx<'_>] = if kind.is_peer() {
-                std::slice::from_ref(first)
-            } else {
-                ctxs
-            };
-            for ctx in ctxs {
-                let spec = LoopSpec {
-                    label: format!("s7 {} {}", shape.label(), kind.name()),
-                    lock: kind,
-                    name: format!(
-                        "bench-s7-{}-{}x{}",
-                        kind.name(),
-                        shape.processes,
-                        shape.tasks
-                    ),
-                    read_share: 0.0,
-                    processes: shape.processes,
-                    tasks: shape.tasks,
-                    seconds: args.s7_seconds,
+        // (kind, ctx) of every row of the shape; the peers run once, not once per mode.
+        let subjects: Vec<(LockKind, &ModeCtx<'_>)> = args
+            .s7_locks
+            .iter()
+            .flat_map(|&kind| {
+                let ctxs = if kind.is_peer() {
+                    std::slice::from_ref(first)
+                } else {
+                    ctxs
                 };
-                let result = run_loop(ctx, &spec).await?;
-                rows.push(S7Row {
-                    shape,
-                    kind,
-                    mode: (!kind.is_peer()).then_some(ctx.mode),
-                    result,
-                });
+                ctxs.iter().map(move |ctx| (kind, ctx))
+            })
+            .collect();
+        let mut runs: Vec<Vec<LoopResult>> = subjects.iter().map(|_| Vec::new()).collect();
+        for _round in 0..args.s7_rounds {
+            for (&(kind, ctx), runs) in subjects.iter().zip(&mut runs) {
+                runs.push(run_loop(ctx, &spec(shape, kind, args.s7_seconds)).await?);
             }
+        }
+        for ((kind, ctx), runs) in subjects.into_iter().zip(runs) {
+            let round_rates = runs.iter().map(|r| r.acq_per_s).collect();
+            rows.push(S7Row {
+                shape,
+                kind,
+                mode: (!kind.is_peer()).then_some(ctx.mode),
+                result: median_run(runs)?,
+                round_rates,
+            });
         }
     }
     Ok(S7Result {
         seconds: args.s7_seconds,
+        rounds: args.s7_rounds,
         rows,
     })
+}
+
+fn spec(shape: Shape, kind: LockKind, seconds: f64) -> LoopSpec {
+    LoopSpec {
+        label: format!("s7 {} {}", shape.label(), kind.name()),
+        lock: kind,
+        name: format!(
+            "bench-s7-{}-{}x{}",
+            kind.name(),
+            shape.processes,
+            shape.tasks
+        ),
+        read_share: 0.0,
+        processes: shape.processes,
+        tasks: shape.tasks,
+        seconds,
+    }
+}
+
+/// The run with the median acquisitions/s (of an even count, the lower of the two middle
+/// ones).
+fn median_run(mut runs: Vec<LoopResult>) -> Result<LoopResult, String> {
+    runs.sort_by(|a, b| a.acq_per_s.total_cmp(&b.acq_per_s));
+    let middle = runs.len().saturating_sub(1) / 2;
+    runs.into_iter()
+        .nth(middle)
+        .ok_or_else(|| "s7: a row ran no round".to_owned())
 }

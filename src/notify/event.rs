@@ -1,9 +1,11 @@
 //! The wire format of a release event, and how it is read.
 //!
-//! Both transports carry the same string, built by `fl_emit` in `lua/lib/notify.lua`:
-//! `seq|rule|target|lock id`. A stream entry has it as its single field `e`; a channel message
-//! is the string itself. The lock id comes last because it may contain anything, `|` included;
-//! the waiter ids in a target never contain `|` or [`ID_SEPARATOR`].
+//! Both transports carry the same string, built by the scripts that call `fl_emit_to`
+//! (`lua/lib/notify.lua`): `0|rule|target|lock id`. A stream entry has it as its single field
+//! `e`; a channel message is the string itself. The leading number is a sequence field that
+//! an inbox does not use (always 0); it is read as a number and otherwise ignored. The lock id
+//! comes last because it may contain anything, `|` included; the waiter ids in a target never
+//! contain `|` or [`ID_SEPARATOR`].
 //!
 //! Reading errs on the side of waking: a rule this version does not know becomes
 //! [`WakeRule::All`], a `grant` or `grants` whose numbers do not parse still wakes its waiters
@@ -22,21 +24,19 @@ const GRANT_MS: char = ':';
 /// One release event as read from a stream entry or a channel message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Event {
-    pub(crate) seq: u64,
     pub(crate) lock_id: String,
     pub(crate) rule: WakeRule,
 }
 
 impl Event {
-    /// Parses the pub/sub payload `seq|rule|target|lock_id` (the lock id may contain `|`).
+    /// Parses the payload `seq|rule|target|lock_id` (the lock id may contain `|`).
     pub(crate) fn from_payload(payload: &str) -> Option<Event> {
         let mut parts = payload.splitn(4, '|');
-        let seq = parts.next()?.parse().ok()?;
+        parts.next()?.parse::<u64>().ok()?;
         let rule = parts.next()?;
         let target = parts.next()?;
         let lock_id = parts.next()?;
         Some(Event {
-            seq,
             lock_id: lock_id.to_owned(),
             rule: WakeRule::parse(rule, target),
         })
@@ -167,11 +167,11 @@ mod tests {
 
     #[test]
     fn payloads() {
-        let event = Event::from_payload("7|name|w1|fair:a|b").unwrap();
-        assert_eq!(event.seq, 7);
+        let event = Event::from_payload("0|name|w1|fair:a|b").unwrap();
         assert_eq!(event.lock_id, "fair:a|b");
         assert_eq!(event.rule, WakeRule::Named("w1".into()));
         assert!(Event::from_payload("garbage").is_none());
+        assert!(Event::from_payload("x|name|w1|fair:a").is_none());
     }
 
     #[test]

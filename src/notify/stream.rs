@@ -1,17 +1,16 @@
-//! Stream mode: `XREAD BLOCK` over every shard's event stream on the dedicated connection.
+//! Stream mode: `XREAD BLOCK` over this client's inboxes on the dedicated connection.
 //!
-//! The reader starts from each stream's newest entry (read with `XREVRANGE` *before* the client
-//! is returned to the caller), and afterwards always passes the last ID it saw, so it never skips
-//! an entry that exists, across any number of reconnects. If entries were trimmed before it
-//! read them (a reader further behind than `stream_max_len`), the per-shard sequence numbers
-//! show the gap and every local waiter re-checks.
+//! An inbox is a stream that only this client reads: the events for its waiters (grants, and
+//! the wakeups of waiters that are only woken, see `lua/lib/notify.lua`). Its tag is new with
+//! the client, so its inboxes start empty; the reader reads them from `0-0` and afterwards
+//! always passes the last ID it saw, so it never skips an entry that exists, across any number
+//! of reconnects. An inbox is capped (`MAXLEN ~ 100`); a grant trimmed before the reader read
+//! it still holds in Redis, and its waiter's next attempt is answered that the lock is its own.
 //!
-//! The same `XREAD` also reads this client's inbox of each shard (grants sent to this client
-//! alone, see `lua/lib/hold.lua`). Its tag is new with the client, so its inboxes start empty
-//! and are read from `0-0`. An inbox is also the client's sign of life: a release grants the
-//! lock only to waiters whose client's inbox exists. So the reader creates its inboxes before
-//! the client is returned, and keeps them alive ([`INBOX_TTL`], `lua/inbox_keep.lua`); the
-//! inboxes of a client that died expire.
+//! An inbox is also the client's sign of life: a release grants the lock only to waiters whose
+//! client's inbox exists. So the reader creates its inboxes before the client is returned, and
+//! keeps them alive ([`INBOX_TTL`], `lua/inbox_keep.lua`); the inboxes of a client that died
+//! expire.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,11 +18,10 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::{ClientLike, EventInterface, StreamsInterface};
 use fred::types::config::Options;
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::Value;
 use tokio::task::JoinHandle;
 
 use super::event::Event;
-use super::sequence::Sequences;
 use super::{backoff, Reader};
 use crate::error::{Error, Result};
 
@@ -50,42 +48,13 @@ pub(crate) async fn keep_inboxes(client: &Client, inboxes: &[String]) -> Result<
     Ok(())
 }
 
-/// Takes the start position of every stream and spawns the reader.
+/// Creates the inboxes and spawns the reader.
 pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
-    let mut keys = reader.event_keys();
-    let mut ids = Vec::with_capacity(keys.len() * 2);
-    for key in &keys {
-        ids.push(last_id(&reader.client, key).await?);
-    }
-    let inboxes = reader.inbox_keys();
-    keep_inboxes(&reader.client, &inboxes).await?;
-    for inbox in inboxes {
-        keys.push(inbox);
-        ids.push("0-0".to_owned());
-    }
+    let keys = reader.inbox_keys();
+    keep_inboxes(&reader.client, &keys).await?;
+    let ids = vec!["0-0".to_owned(); keys.len()];
     spawn_reconnect_watch(&reader);
     Ok(tokio::spawn(run(reader, keys, ids)))
-}
-
-/// The ID of the newest entry of a stream ("0-0" when it is empty or missing). Taken from the
-/// stream itself, not from a clock, so no entry written after it can be missed, whatever the
-/// clocks of the nodes say.
-async fn last_id(client: &Client, key: &str) -> Result<String> {
-    let newest: Value = client
-        .custom(
-            CustomCommand::new_static("XREVRANGE", ClusterHash::FirstKey, false),
-            vec![key, "+", "-", "COUNT", "1"],
-        )
-        .await
-        .map_err(|err| Error::from_redis(err, "(notifier)", key))?;
-    let id = match newest {
-        Value::Array(entries) => entries.into_iter().next().and_then(|entry| match entry {
-            Value::Array(mut parts) if !parts.is_empty() => parts.swap_remove(0).as_string(),
-            _ => None,
-        }),
-        _ => None,
-    };
-    Ok(id.unwrap_or_else(|| "0-0".to_owned()))
 }
 
 /// Every reconnect of the notifier connection makes every local waiter re-check.
@@ -109,13 +78,11 @@ fn spawn_reconnect_watch(reader: &Reader) {
 }
 
 async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
-    let sources = reader.sources();
     let position: HashMap<String, usize> = keys
         .iter()
         .enumerate()
         .map(|(i, key)| (key.clone(), i))
         .collect();
-    let mut seq = Sequences::new(&reader);
     // Wake up in time to refresh the inboxes, whatever the configured block.
     let block = reader.config.notifier_block.min(INBOX_TTL / 3);
     let options = Options {
@@ -123,12 +90,11 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
         ..Options::default()
     };
     let client = reader.client.with_options(&options);
-    let inboxes = reader.inbox_keys();
     let mut inboxes_kept = tokio::time::Instant::now();
     let mut failures = 0u32;
     loop {
         if inboxes_kept.elapsed() >= INBOX_TTL / 3 {
-            match keep_inboxes(&reader.client, &inboxes).await {
+            match keep_inboxes(&reader.client, &keys).await {
                 Ok(()) => inboxes_kept = tokio::time::Instant::now(),
                 Err(error) => tracing::warn!(%error, "could not refresh the inboxes"),
             }
@@ -146,27 +112,22 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
         match reply {
             Ok(value) => {
                 failures = 0;
-                let mut gap = false;
+                let mut malformed = false;
                 for (key, entries) in streams(value) {
                     let Some(&slot) = position.get(&key) else {
                         continue;
                     };
-                    let Some(&source) = sources.get(&key) else {
-                        continue;
-                    };
                     for (id, event) in entries {
                         ids[slot] = id;
-                        let Some(event) = event else {
-                            gap = true;
-                            continue;
-                        };
-                        gap |= seq.gap(source, event.seq);
-                        reader.waiters.dispatch(&event.lock_id, &event.rule);
+                        match event {
+                            Some(event) => reader.waiters.dispatch(&event.lock_id, &event.rule),
+                            None => malformed = true,
+                        }
                     }
                 }
-                if gap {
-                    tracing::warn!("event stream gap (trimmed or reset): every waiter re-checks");
-                    reader.waiters.wake_all("stream gap");
+                if malformed {
+                    tracing::warn!("malformed inbox entry: every waiter re-checks");
+                    reader.waiters.wake_all("malformed event");
                 }
                 // Let the waiters just woken run before the next read: sending it wakes fred's
                 // connection task, which the scheduler would otherwise run first (a woken task
@@ -262,12 +223,12 @@ mod tests {
     fn entries_carry_the_event_string() {
         let grant = Value::Array(vec![
             Value::from("7-0"),
-            fields(&["e", "5|grant|w1,9,3000,0|mutex:a"]),
+            fields(&["e", "0|grant|w1,9,3000,0|mutex:a"]),
         ]);
         let (id, event) = entry(grant).expect("entry");
         assert_eq!(id, "7-0");
         let event = event.expect("event");
-        assert_eq!((event.seq, event.lock_id.as_str()), (5, "mutex:a"));
+        assert_eq!(event.lock_id, "mutex:a");
         let granted = Granted {
             token: 9,
             lasts_ms: 3000,

@@ -134,6 +134,7 @@ pub fn write_json(args: &Args, report: &Report, version: &str) -> Result<(), Str
             "s7_shapes": args.s7_shapes.iter().map(|s| s.label()).collect::<Vec<_>>(),
             "s7_locks": args.s7_locks.iter().map(|k| k.name()).collect::<Vec<_>>(),
             "s7_seconds": args.s7_seconds,
+            "s7_rounds": args.s7_rounds,
         },
         "scenarios": scenarios,
         "targets": targets,

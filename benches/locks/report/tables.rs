@@ -234,24 +234,30 @@ pub fn targets_table(args: &Args, report: &Report) -> String {
 
 pub fn s7_table(r: &S7Result) -> String {
     let mut out = format!(
-        "#### S7 scale: the S2 loop (GET + SET inside) at processes × tasks, {} s per row \
-         (µs; × = ratio to the row's PING p50)\n\n",
-        r.seconds
+        "#### S7 scale: the S2 loop (GET + SET inside) at processes × tasks, {} s per run, \
+         {} rounds of every row in turn, the median run shown (µs; × = ratio to the run's PING \
+         p50)\n\n",
+        r.seconds, r.rounds
     );
-    out += "| shape | lock | PING p50 | acq/s (× PING) | Redis commands / acq | Redis CPU µs / \
+    out += "| shape | lock | PING p50 | acq/s (× PING) | acq/s of the rounds | Redis commands / acq | Redis CPU µs / \
             acq | client CPU µs / acq | wait p50 | wait p99 | longest wait: in window / all | violations | FIFO \
-            inversions | wakeups / acq |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+            inversions | wakeups / acq |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for row in &r.rows {
         let l = &row.result;
         let (client_cpu, redis_cpu) = l.cpu_per_acquisition();
         out += &format!(
-            "| {} | {} | {:.1} | **{:.0}** ({:.3}) | **{:.1}** | {:.0} | {:.0} | {} | {} | {:.1} \
-             / {:.1} ms | {} | {} | {:.2} |\n",
+            "| {} | {} | {:.1} | **{:.0}** ({:.3}) | {} | **{:.1}** | {:.0} | {:.0} | {} | {} | \
+             {:.1} / {:.1} ms | {} | {} | {:.2} |\n",
             row.shape.label(),
             row.subject(),
             l.ping.p50,
             l.acq_per_s,
             l.throughput_ratio(),
+            row.round_rates
+                .iter()
+                .map(|rate| format!("{rate:.0}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             l.commands_per_acquisition(),
             redis_cpu,
             client_cpu,
