@@ -57,15 +57,19 @@ impl Patience {
     }
 }
 
-/// A barging mutex held by this client for another owner: its release will hand the lock to
-/// this waiter, or wake it to ask Redis (the queue's turn), so the waiter waits without a call
-/// of its own first, at most until that hold's lease deadline.
+/// A barging mutex held by this client for another owner (a hold in the registry, or one that
+/// a release of this process is handing, or just handed, to a local waiter that has not taken
+/// it up yet): its release will hand the lock to this waiter, or wake it to ask Redis (the
+/// queue's turn), so the waiter waits without a call of its own first, at most until that
+/// hold's lease deadline. (A release in flight that hands the lock to nobody wakes every local
+/// waiter.)
 fn wait_first(driver: &Arc<dyn Driver>, owner: &Owner, patience: Patience) -> Option<Duration> {
     driver.handover()?;
-    let holder_deadline = driver
-        .engine()
-        .holds
-        .held_by_other(driver.keys().id(), owner)?;
+    let engine = driver.engine();
+    let lock_id = driver.keys().id();
+    let held = engine.holds.held_by_other(lock_id, owner);
+    let handed = engine.waiters.handing_to_other(lock_id, owner.id());
+    let holder_deadline = held.into_iter().chain(handed).min()?;
     patience.wait_limit(holder_deadline.saturating_duration_since(Instant::now()))
 }
 

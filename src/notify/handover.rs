@@ -29,6 +29,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::waiters::{Registration, Waiter, WaiterTable, WOKEN};
 
 /// What a waiting acquisition asks for, so that a release in its own process can hand it the
@@ -122,6 +124,29 @@ impl WaiterTable {
         Some(Claim {
             waiter: waiter.clone(),
         })
+    }
+
+    /// When the earliest lease ends of the holds of `lock_id` that a release of this process is
+    /// handing (a claim in flight: at the latest a lease from now) or handed to a waiter
+    /// bidding for another owner than `owner`, and that the waiter has not taken up yet. Such a
+    /// hold is this client's, as one in the hold registry is, but it is not in the registry
+    /// until its waiter's task runs; an acquisition that asks in that window may wait behind it
+    /// as it would behind a registered one: its release hands the lock on or wakes the local
+    /// waiters, and so do a release in flight that hands it to nobody and the release of a
+    /// hold never taken up.
+    pub(crate) fn handing_to_other(&self, lock_id: &str, owner: &str) -> Option<Instant> {
+        let queue = self.queues.get(lock_id)?;
+        queue
+            .iter()
+            .filter_map(|w| {
+                let bid = w.bid.as_ref().filter(|bid| bid.owner.id() != owner)?;
+                match State::from_u8(w.handover.state.load(Ordering::Acquire)) {
+                    State::Claimed => Some(Instant::now() + bid.lease),
+                    State::Done => w.handover.handed.get().map(|handed| handed.at + bid.lease),
+                    State::Open | State::Gone | State::Taken => None,
+                }
+            })
+            .min()
     }
 
     /// Whether a release by `releaser` would find a local waiter of `lock_id` to claim.
@@ -305,6 +330,32 @@ mod tests {
         waiter.taken();
         assert!(claim.deliver(handed()), "its own attempt found the hold");
         assert_eq!(waiter.abandon(), None);
+    }
+
+    #[test]
+    fn a_hand_over_in_flight_or_not_taken_up_counts_as_a_hold_of_this_client() {
+        let table = WaiterTable::new();
+        let owner = Owner::new();
+        let waiter = bidder(&table, &owner);
+        let asking = "another acquisition";
+        assert_eq!(table.handing_to_other("mutex:a", asking), None, "open");
+        let claim = table.claim_handover("mutex:a", "releaser").expect("claim");
+        let in_flight = table.handing_to_other("mutex:a", asking).expect("claimed");
+        assert!(in_flight > tokio::time::Instant::now());
+        assert_eq!(
+            table.handing_to_other("mutex:a", owner.id()),
+            None,
+            "not for the owner the hold would be taken for"
+        );
+        let handed = handed();
+        assert!(claim.deliver(handed));
+        assert_eq!(
+            table.handing_to_other("mutex:a", asking),
+            Some(handed.at + Duration::from_secs(1)),
+            "handed over: until the bid's lease ends"
+        );
+        waiter.taken();
+        assert_eq!(table.handing_to_other("mutex:a", asking), None, "taken up");
     }
 
     #[test]
