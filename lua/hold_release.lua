@@ -81,43 +81,46 @@ end
 
 local freed_by = fl_freed_chain(op, fields[6])
 
--- The successor takes the hold over, with the queue left as it is (q nil) or as given.
-local function hand_over(q, now)
-  local queue, queued = fl_queue_without(q or fields[7], successor_waiter)
-  local next_token = fl_token_after(tonumber(fields[3]), now)
-  if q == nil and not queued then
-    queue = nil
-  end
-  fl_hold_write(hold, successor, next_token, successor_lease, successor_waiter, freed_by,
-    queue, successor_waiter)
-  return {1, 0, tonumber(next_token), fl_queued_flag(queue or fields[7])}
-end
-
-local now
+-- handed: whether the successor takes the hold over, with the queue left as it is (false) or
+-- emptied (''); nil: no hand-over. Straight-line code, not a closure: a closure over this
+-- many locals costs the server more than the code it would share.
+local now, handed
+-- The hold as the hand-over writes over it: as read, unless a grant wrote it meanwhile.
+local written = fields
 if successor ~= '' then
   now = fl_now_us()
   local waited = fl_queue_head_wait(fields[7], now, successor_waiter)
   if waited < limit or (fields[9] == '1' and waited < 2 * limit) then
-    return hand_over(nil, now)
+    handed = false
   end
 end
--- A successor asking by this call (a take-over) queues behind the waiter granted the lock.
-local joins = successor ~= '' and successor_queues ~= '' and
-  not fl_queue_find(fields[7], successor_waiter)
-local tail = joins and fl_queue_line(successor_waiter, successor_inbox, successor,
-  successor_lease, math.max(math.min(successor_lease, tonumber(successor_queues)), 0), now)
-local granted, _, granted_token, granted_ms =
-  fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id, now, tail)
-if granted then
-  if successor ~= '' and successor_queues ~= '' then
-    return {2, granted_ms, tonumber(granted_token)}
+if handed == nil then
+  -- A successor asking by this call (a take-over) queues behind the waiter granted the lock.
+  local joins = successor ~= '' and successor_queues ~= '' and
+    not fl_queue_find(fields[7], successor_waiter)
+  local tail = joins and fl_queue_line(successor_waiter, successor_inbox, successor,
+    successor_lease, math.max(math.min(successor_lease, tonumber(successor_queues)), 0), now)
+  local granted, _, granted_token, granted_ms =
+    fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id, now, tail)
+  if granted then
+    if successor ~= '' and successor_queues ~= '' then
+      return {2, granted_ms, tonumber(granted_token)}
+    end
+    return {1, 0}
   end
-  return {1, 0}
-end
-if successor ~= '' then
+  if successor == '' then
+    fl_free(hold, op, freed_by, window)
+    return {1, 0}
+  end
   -- The queue had nobody left to grant (dead clients, waiters only woken): the successor
-  -- takes the lock rather than leave it free.
-  return hand_over('', now)
+  -- takes the lock rather than leave it free, over what a failed grant may have written.
+  handed, written = '', {}
 end
-fl_free(hold, op, freed_by, window)
-return {1, 0}
+local queue, queued = fl_queue_without(handed or fields[7], successor_waiter)
+if handed == false and not queued then
+  queue = nil
+end
+local next_token, token_number = fl_token_after(tonumber(fields[3]), now)
+fl_hold_write(hold, written, successor, next_token, successor_lease, successor_waiter, freed_by,
+  queue, successor_waiter)
+return {1, 0, token_number, fl_queued_flag(queue or fields[7])}

@@ -54,12 +54,14 @@
 --                                      ends it or precedes byte `after`; nil when none
 -- fl_chain_has(x, op)              -> whether op is one of the ids of the freed chain x
 -- fl_now_us()                      -> the server clock in us (TIME)
--- fl_token_after(last, now_us)     -> max(last + 1, now_us), a decimal string
+-- fl_token_after(last, now_us)     -> max(last + 1, now_us), as a decimal string and as a
+--                                      number
 -- fl_clock_after(last)             -> fl_token_after(last, fl_now_us())
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
--- fl_hold_write(hold, owner, token, lease, r, x, q, g) writes a new hold (q nil: the queue
---                                      stays as it is); returns token
+-- fl_hold_write(hold, fields, owner, token, lease, r, x, q, g) writes a new hold over the
+--                                      one read as fields (q nil: the queue stays as it is);
+--                                      returns token
 -- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
 -- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
 -- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
@@ -145,11 +147,11 @@ local function fl_token_after(last, now_us)
   if now_us <= last then
     now_us = last + 1
   end
-  return string.format('%.0f', now_us)
+  return string.format('%.0f', now_us), now_us
 end
 
 local function fl_clock_after(last)
-  return fl_token_after(last, fl_now_us())
+  return (fl_token_after(last, fl_now_us()))
 end
 
 local function fl_hold_token(fields, fence, fence_arg)
@@ -163,14 +165,23 @@ local function fl_hold_token(fields, fence, fence_arg)
   return fl_fence_next(fence, fence_arg, last)
 end
 
-local function fl_hold_write(hold, owner, token, lease, r, x, q, g)
-  if q then
-    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
-      'q', q, 'g', g, 't', '')
-  else
-    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', r, 'x', x or '',
-      'g', g, 't', '')
+local function fl_hold_write(hold, fields, owner, token, lease, r, x, q, g)
+  -- Each field of an HSET costs the server about as much as a small command of its own:
+  -- the count, the ttl and the turn mark are left out when they hold their value already.
+  local args = {'o', owner, 'f', token, 'r', r, 'x', x or '', 'g', g}
+  if fields[2] ~= '1' then
+    args[#args + 1], args[#args + 2] = 'c', 1
   end
+  if fields[4] ~= tostring(lease) then
+    args[#args + 1], args[#args + 2] = 'l', lease
+  end
+  if fields[9] ~= '' then
+    args[#args + 1], args[#args + 2] = 't', ''
+  end
+  if q then
+    args[#args + 1], args[#args + 2] = 'q', q
+  end
+  redis.call('HSET', hold, unpack(args))
   redis.call('PEXPIRE', hold, lease)
   return token
 end
