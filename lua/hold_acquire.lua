@@ -54,7 +54,7 @@ if not current then
   if not token then
     return redis.error_reply(refusal)
   end
-  fl_hold_write(hold, fields, owner, token, lease, op, fields[6], '', '')
+  fl_hold_write(hold, fields, owner, token, ARGV[2], op, fields[6], '', '')
   return {1, tonumber(token), 1}
 end
 

@@ -13,7 +13,7 @@
 -- Returns {1} when a hold was removed, {0} when the lock was free,
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
 local hold, events = KEYS[1], KEYS[4]
-local window, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
+local window, mode, lock_id = ARGV[5], ARGV[6], ARGV[8]
 
 local fields = fl_hold_read(hold)
 if not fields[1] then

@@ -15,7 +15,7 @@
 -- Returns {1} when the waiter was queued or had been granted the lock, {0} otherwise,
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
 local hold, events = KEYS[1], KEYS[4]
-local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[8]
+local waiter, window, mode, lock_id = ARGV[4], ARGV[5], ARGV[6], ARGV[8]
 
 local fields = fl_hold_read(hold)
 local queue, queued = fl_queue_without(fields[7], waiter)

@@ -46,7 +46,7 @@
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it,
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
 local hold, events = KEYS[1], KEYS[4]
-local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local mode, lock_id = ARGV[6], ARGV[8]
 local successor, successor_waiter = ARGV[9] or '', ARGV[10] or ''
 local successor_lease = tonumber(ARGV[11])
@@ -121,6 +121,6 @@ if handed == false and not queued then
   queue = nil
 end
 local next_token, token_number = fl_token_after(tonumber(fields[3]), now)
-fl_hold_write(hold, written, successor, next_token, successor_lease, successor_waiter, freed_by,
-  queue, successor_waiter)
+fl_hold_write(hold, written, successor, next_token, ARGV[11], successor_waiter, freed_by, queue,
+  successor_waiter)
 return {1, 0, token_number, fl_queued_flag(queue or fields[7])}

@@ -60,8 +60,8 @@
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
 -- fl_hold_write(hold, fields, owner, token, lease, r, x, q, g) writes a new hold over the
---                                      one read as fields (q nil: the queue stays as it is);
---                                      returns token
+--                                      one read as fields (q nil: the queue stays as it is;
+--                                      lease in ms, best as the ARGV text); returns token
 -- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
 -- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
 -- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
@@ -84,7 +84,8 @@
 --   queued behind it) to its client's inbox (fl_emit_to in
 --   lib/notify.lua, which also tells whether the client is there to hear it). False when
 --   nobody was left.
--- fl_free(hold, op, x, window) leaves the tombstone of a freed lock
+-- fl_free(hold, op, x, window) leaves the tombstone of a freed lock (window in ms, best as
+--                                      the ARGV text)
 local function fl_hold_read(hold)
   local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 't')
   if v[1] == '' then
@@ -168,9 +169,11 @@ end
 local function fl_hold_write(hold, fields, owner, token, lease, r, x, q, g)
   -- Each field of an HSET costs the server about as much as a small command of its own:
   -- the count, the ttl and the turn mark are left out when they hold their value already.
+  -- Numbers go to Redis as strings: Lua turns a number argument into text with sprintf,
+  -- which costs the server about half a microsecond each (callers pass lease as the ARGV text).
   local args = {'o', owner, 'f', token, 'r', r, 'x', x or '', 'g', g}
   if fields[2] ~= '1' then
-    args[#args + 1], args[#args + 2] = 'c', 1
+    args[#args + 1], args[#args + 2] = 'c', '1'
   end
   if fields[4] ~= tostring(lease) then
     args[#args + 1], args[#args + 2] = 'l', lease
@@ -260,7 +263,7 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, 
       local left = at > size and (tail or '') or
         (tail and string.sub(q, at) .. tail or string.sub(q, at))
       local queued = left ~= '' and 1 or 0
-      redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
+      redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
         'x', x, 'q', left, 'g', waiter, 't', '1')
       if fl_emit_to(events .. ':to:' .. inbox, mode,
           '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
@@ -273,6 +276,6 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, 
 end
 
 local function fl_free(hold, op, x, window)
-  redis.call('HSET', hold, 'o', '', 'c', 0, 'r', op, 'x', x, 'q', '', 'g', '', 't', '')
+  redis.call('HSET', hold, 'o', '', 'c', '0', 'r', op, 'x', x, 'q', '', 'g', '', 't', '')
   redis.call('PEXPIRE', hold, window)
 end
