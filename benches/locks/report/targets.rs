@@ -70,6 +70,15 @@ pub fn targets(report: &Report) -> Vec<TargetRow> {
             },
         ));
     }
+    rows.push(row(
+        "s1",
+        "unlock() p50 ≤ 1.2 × PING p50 (no waiters)",
+        &report.s1,
+        |s1| {
+            let r = ratio(s1.unlock.p50, s1.ping.p50);
+            (format!("{r:.2}"), r <= 1.2)
+        },
+    ));
     let best_peer = report
         .s2_peers
         .iter()
@@ -204,6 +213,21 @@ pub fn targets(report: &Report) -> Vec<TargetRow> {
         };
         for m in &s5.modes {
             row = row.cell(m.mode, value.clone(), met);
+        }
+        rows.push(Some(row));
+        let mut row = TargetRow::new("s5", "wake-up p50 ≤ 2 × the idle PING p50");
+        for m in &s5.modes {
+            let r = ratio(m.latency.p50, m.ping_idle.p50);
+            row = row.cell(m.mode, format!("{r:.2}×"), r <= 2.0);
+        }
+        rows.push(Some(row));
+        let mut row = TargetRow::new(
+            "s5",
+            "holder's unlock() p50 ≤ 1.2 × PING p50 (waiters queued)",
+        );
+        for m in &s5.modes {
+            let r = ratio(m.unlock.p50, m.ping_hot.p50);
+            row = row.cell(m.mode, format!("{r:.2}×"), r <= 1.2);
         }
         rows.push(Some(row));
         let mut row = TargetRow::new("s5", "mutual exclusion (overlaps = 0)");
