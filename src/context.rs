@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::{ClusterHash, CustomCommand, Key, Value};
 
 use crate::config::{Config, NotificationMode};
 use crate::error::{Error, Result};
@@ -136,13 +136,14 @@ impl Context {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value> {
+        // fred's keys take the strings over without a copy; the calls below borrow them.
+        let keys: Vec<Key> = keys.into_iter().map(Key::from).collect();
         if script.issues_tokens() {
-            return self.run_fenced(script, lock, keys, args).await;
+            return self.run_fenced(script, lock, &keys, args).await;
         }
-        let first_key = keys.first().cloned().unwrap_or_default();
-        self.call(script, keys, args)
+        self.call(script, &keys, &args)
             .await
-            .map_err(|err| self.script_error(err, lock, &first_key))
+            .map_err(|err| self.script_error(err, lock, first_key(&keys)))
     }
 
     /// Runs a script that issues fencing tokens, with the fence argument appended to `args`
@@ -154,14 +155,14 @@ impl Context {
         &self,
         script: &Script,
         lock: &str,
-        keys: Vec<String>,
+        keys: &[Key],
         mut args: Vec<Value>,
     ) -> Result<Value> {
         self.layout.check_open()?;
         args.push(self.layout.fence_arg(false));
-        let refusal = match self.call(script, keys.clone(), args.clone()).await {
+        let refusal = match self.call(script, keys, &args).await {
             Err(err) if err.details().contains("FLFENCE") => err.details().to_owned(),
-            other => return other.map_err(|err| self.script_error(err, lock, first_key(&keys))),
+            other => return other.map_err(|err| self.script_error(err, lock, first_key(keys))),
         };
         if let Some(server) = refusal.split("FLFENCE layout ").nth(1) {
             return Err(self.refuse_layout(server.trim().to_owned()));
@@ -173,12 +174,12 @@ impl Context {
         if let Some(last) = args.last_mut() {
             *last = self.layout.fence_arg(true);
         }
-        match self.call(script, keys.clone(), args).await {
+        match self.call(script, keys, &args).await {
             Err(err) if err.details().contains("FLFENCE layout ") => {
                 let server = err.details().split("FLFENCE layout ").nth(1).unwrap_or("");
                 Err(self.refuse_layout(server.trim().to_owned()))
             }
-            other => other.map_err(|err| self.script_error(err, lock, first_key(&keys))),
+            other => other.map_err(|err| self.script_error(err, lock, first_key(keys))),
         }
     }
 
@@ -186,8 +187,8 @@ impl Context {
     async fn call(
         &self,
         script: &Script,
-        keys: Vec<String>,
-        args: Vec<Value>,
+        keys: &[Key],
+        args: &[Value],
     ) -> std::result::Result<Value, fred::error::Error> {
         if self.hung_up.load(Ordering::Acquire) {
             return Err(fred::error::Error::new(
@@ -277,6 +278,6 @@ impl Context {
     }
 }
 
-fn first_key(keys: &[String]) -> &str {
-    keys.first().map_or("", String::as_str)
+fn first_key(keys: &[Key]) -> &str {
+    keys.first().and_then(Key::as_str).unwrap_or("")
 }

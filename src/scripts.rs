@@ -19,7 +19,7 @@ use std::sync::LazyLock;
 
 use fred::clients::Client;
 use fred::interfaces::LuaInterface;
-use fred::types::Value;
+use fred::types::{Key as RedisKey, MultipleKeys, Value};
 
 use crate::keys::LockKeys;
 
@@ -63,14 +63,23 @@ impl Script {
     }
 
     /// Runs the script with `EVALSHA`, falling back to `EVAL` once when the server lost it.
+    /// The keys and arguments are borrowed: each call clones them into its command, which
+    /// only bumps reference counts (fred keys and strings share their bytes).
     pub(crate) async fn run(
         &self,
         client: &Client,
-        keys: Vec<String>,
-        args: Vec<Value>,
+        keys: &[RedisKey],
+        args: &[Value],
     ) -> Result<Value, fred::error::Error> {
+        let command = || {
+            (
+                MultipleKeys::from(keys.to_vec()),
+                Value::Array(args.to_vec()),
+            )
+        };
+        let (call_keys, call_args) = command();
         match client
-            .evalsha::<Value, _, _, _>(self.sha.as_str(), keys.clone(), args.clone())
+            .evalsha::<Value, _, _, _>(self.sha.as_str(), call_keys, call_args)
             .await
         {
             Err(err) if err.details().starts_with("NOSCRIPT") => {
@@ -78,7 +87,8 @@ impl Script {
                     script = self.name,
                     "script not cached on the server, reloading"
                 );
-                client.eval(self.body.as_str(), keys, args).await
+                let (call_keys, call_args) = command();
+                client.eval(self.body.as_str(), call_keys, call_args).await
             }
             other => other,
         }

@@ -38,7 +38,7 @@ pub(crate) async fn keep_inboxes(client: &Client, inboxes: &[String]) -> Result<
     let ttl = Value::from(INBOX_TTL.as_millis() as i64);
     for inbox in inboxes {
         let created = script
-            .run(client, vec![inbox.clone()], vec![ttl.clone()])
+            .run(client, &[inbox.as_str().into()], std::slice::from_ref(&ttl))
             .await
             .map_err(|err| Error::from_redis(err, "(notifier)", inbox))?;
         if crate::scripts::int_array(script.name(), created)? != [0] {
