@@ -33,6 +33,10 @@
 --                  successor that asks by this very call (a task taking over its client's
 --                  deferred release), its grant ms: when the queue's turn comes, it joins the
 --                  queue behind the waiter granted the lock, as a busy hold_acquire would
+-- ARGV[15] floor   the highest fencing token the releasing client issued for this hold within
+--                  its own process (local hand-overs, docs/design.md), "" or missing for
+--                  none: the next token of the lock (a hand-over, a grant, a later take from
+--                  the tombstone) is above it
 --
 -- Returns {1, holds left} when released (0: freed, or granted to the first waiter),
 --         {1, 0, token, queued} when the lock was handed to the successor with this fencing
@@ -78,6 +82,13 @@ if all ~= '1' and count > 1 then
   redis.call('HSET', hold, 'c', count - 1, 'r', op)
   return {1, count - 1}
 end
+-- Tokens the client issued within its process continue the hold's: what follows goes above.
+local floor = ARGV[15]
+if floor and floor ~= '' and tonumber(floor) > tonumber(fields[3]) then
+  fields[3] = floor
+else
+  floor = nil
+end
 
 local freed_by = fl_freed_chain(op, fields[6])
 
@@ -109,7 +120,7 @@ if handed == nil then
     return {1, 0}
   end
   if successor == '' then
-    fl_free(hold, op, freed_by, window)
+    fl_free(hold, op, freed_by, window, floor)
     return {1, 0}
   end
   -- The queue had nobody left to grant (dead clients, waiters only woken): the successor

@@ -323,6 +323,7 @@ impl LockClient {
             granted: ctx.granted.load(Ordering::Relaxed),
             handed_over: ctx.handed_over.load(Ordering::Relaxed),
             taken_over: ctx.taken_over.load(Ordering::Relaxed),
+            handed_locally: ctx.handed_locally.load(Ordering::Relaxed),
             deferred_releases: core.parked.len(),
         }
     }
@@ -389,6 +390,10 @@ pub struct ClientStats {
     /// that release's own call (see [`Config::defer_release`](crate::Config::defer_release)),
     /// since start.
     pub taken_over: u64,
+    /// Barging-mutex acquisitions handed a hold of this client by another of its tasks without
+    /// a call to Redis (see [`Config::local_handover`](crate::Config::local_handover)), since
+    /// start. Not counted in `handed_over` or `taken_over`.
+    pub handed_locally: u64,
     /// Releases deferred right now, waiting for the releasing task to yield or a task of this
     /// client to take them over (not counting those an acquisition asked for already).
     pub deferred_releases: usize,

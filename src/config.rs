@@ -132,6 +132,19 @@ pub struct Config {
     /// [`LockClient::shutdown`](crate::LockClient::shutdown) sends the deferred releases; a
     /// runtime that stops without it leaves them to their leases.
     pub defer_release: bool,
+    /// Barging [`Mutex`](crate::Mutex) only, for acquisitions through a handle without an
+    /// [`Owner`](crate::Owner) (nobody re-enters their holds): the release of a contended hold
+    /// may hand the lock to another task of this client without a round trip, when that task
+    /// waits for it or asks for it right after the release ([`Config::defer_release`]). The
+    /// hold in Redis stays as it was (under the first task's owner and token); the new guard
+    /// gets a token above its predecessor's, the rest of its lease (topped up later, like a
+    /// short grant), and the same [`lost`](crate::LockGuard::lost) watch. Such hand-overs stop
+    /// a while after the hold was last written in Redis: half the
+    /// [`Config::handover_limit`] when nobody else waited then, a 32nd of it when waiters of
+    /// other processes were queued. Then a release script looks at the queue again (and may
+    /// grant the lock to it), so the eventual-fairness bound still holds, about that much
+    /// later. Off, every hand-over is a script call.
+    pub local_handover: bool,
 }
 
 impl Default for Config {
@@ -152,6 +165,7 @@ impl Default for Config {
             transient_retry: Duration::from_secs(30),
             handover_limit: Duration::from_millis(30),
             defer_release: true,
+            local_handover: true,
         }
     }
 }
@@ -286,6 +300,7 @@ impl fmt::Debug for Config {
             .field("transient_retry", &self.transient_retry)
             .field("handover_limit", &self.handover_limit)
             .field("defer_release", &self.defer_release)
+            .field("local_handover", &self.local_handover)
             .finish()
     }
 }

@@ -61,6 +61,8 @@ pub(crate) struct Context {
     pub(crate) handed_over: AtomicU64,
     /// Acquisitions that took over a deferred release (diagnostics).
     pub(crate) taken_over: AtomicU64,
+    /// Acquisitions handed a hold within this client without a call (diagnostics).
+    pub(crate) handed_locally: AtomicU64,
     /// No new acquisitions (shutdown started).
     closed: AtomicBool,
     /// Connections closed: every command fails at once with [`Error::Shutdown`].
@@ -93,6 +95,7 @@ impl Context {
             granted: AtomicU64::new(0),
             handed_over: AtomicU64::new(0),
             taken_over: AtomicU64::new(0),
+            handed_locally: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
             on_refused: OnceLock::new(),

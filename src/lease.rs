@@ -252,12 +252,36 @@ fn hold_key(role: &str, owner: &str, lock: &str) -> String {
     key
 }
 
+/// The hold in Redis that a [`Hold`] stands on. A hold taken from Redis (a take, or a grant or
+/// hand-over by a release script) stands on its own; a hold a barging mutex handed over within
+/// this process (`crate::engine::cohort`) stands on the Redis hold of the hold it came from,
+/// written under that one's owner and token, while its own token (above them) is the one its
+/// guard reports. Renewals and releases name the Redis hold; a release also names the hold's
+/// own token, so that the lock's next tokens go above it.
+#[derive(Clone, Debug)]
+pub(crate) struct RedisHold {
+    pub(crate) owner: Owner,
+    pub(crate) token: u64,
+    /// When the hold was written in Redis, by the latest measure (the call was sent then):
+    /// hand-overs within the process stop a while after it, and a release script looks at the
+    /// Redis queue again.
+    pub(crate) written_at: Instant,
+    /// When the reply that wrote it was read: the server's clock had passed `token` µs by then
+    /// (tokens follow the server clock, `lua/lib/hold.lua`), so `token` plus the time since is
+    /// not ahead of the server's clock.
+    pub(crate) read_at: Instant,
+    /// Waiters were queued in Redis when it was written.
+    pub(crate) queued: bool,
+}
+
 /// One hold: one owner's (possibly re-entered) hold on one lock, of kind `K` (the engine's
 /// holds are of its drivers, `Hold<dyn Driver>`).
 pub(crate) struct Hold<K: ?Sized + HoldKind> {
     pub(crate) lock: Arc<K>,
     pub(crate) owner: Owner,
     pub(crate) token: u64,
+    /// The hold in Redis this one stands on (itself, unless handed over within the process).
+    pub(crate) redis: RedisHold,
     pub(crate) lease: Lease,
     key: String,
     acquired_at: Instant,
@@ -384,6 +408,9 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
     /// `sent_at` is the latest instant known to precede the acquisition in Redis, and the hold
     /// lasts `lasts` from then: the lease requested, or less for a hold a fair release granted
     /// (see `lua/lib/hold.lua`), which is renewed to the full lease a third of `lasts` later.
+    /// `redis`: the hold in Redis it stands on, for a hold handed over within the process
+    /// (`crate::engine::cohort`); None for a hold taken from Redis, which stands on itself.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn adopt(
         &self,
         lock: Arc<K>,
@@ -392,7 +419,15 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
         lease: Lease,
         (sent_at, lasts): (Instant, Duration),
         contended: bool,
+        redis: Option<RedisHold>,
     ) -> Arc<Hold<K>> {
+        let redis = redis.unwrap_or_else(|| RedisHold {
+            owner: owner.clone(),
+            token,
+            written_at: sent_at,
+            read_at: Instant::now(),
+            queued: contended,
+        });
         let key = hold_key(lock.hold_role(), owner.id(), lock.keys().id());
         let initial = lease.initial();
         let lasts = lasts.min(initial);
@@ -408,6 +443,7 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
                 lock,
                 owner: owner.clone(),
                 token,
+                redis: redis.clone(),
                 lease,
                 key: key.clone(),
                 acquired_at: sent_at,
@@ -619,7 +655,7 @@ pub(crate) async fn renew<K: ?Sized + HoldKind>(
 ) -> Result<Vec<i64>> {
     let holds: Vec<(&K, &Owner, u64)> = holds
         .iter()
-        .map(|hold| (&*hold.lock, &hold.owner, hold.token))
+        .map(|hold| (&*hold.lock, &hold.redis.owner, hold.redis.token))
         .collect();
     renew_holds(ctx, &holds, lease).await
 }

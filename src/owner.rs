@@ -13,13 +13,49 @@ use std::sync::Arc;
 ///
 /// An owner is 122 random bits (a UUID v4), so it cannot be guessed. Cloning is cheap and keeps
 /// the identity. Two `Owner::new()` values never re-enter each other's holds.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Owner(Arc<str>);
+#[derive(Clone)]
+pub struct Owner {
+    id: Arc<str>,
+    /// Made for one acquisition of a handle without an owner: nobody re-enters its holds, so a
+    /// barging mutex may hand its Redis hold on within the process (see
+    /// `crate::engine::cohort`).
+    anonymous: bool,
+}
+
+impl PartialEq for Owner {
+    fn eq(&self, other: &Owner) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Owner {}
+
+impl std::hash::Hash for Owner {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
 
 impl Owner {
     /// A new, unique owner.
     pub fn new() -> Owner {
-        Owner(uuid::Uuid::new_v4().simple().to_string().into())
+        Owner {
+            id: uuid::Uuid::new_v4().simple().to_string().into(),
+            anonymous: false,
+        }
+    }
+
+    /// The owner of one acquisition through a handle without an owner.
+    pub(crate) fn anonymous() -> Owner {
+        Owner {
+            anonymous: true,
+            ..Owner::new()
+        }
+    }
+
+    /// Whether this owner was made for one acquisition of a handle without an owner.
+    pub(crate) fn is_anonymous(&self) -> bool {
+        self.anonymous
     }
 
     /// The owner with a given id, e.g. one that another process shares so that both re-enter
@@ -32,13 +68,16 @@ impl Owner {
                 "an owner id is 1 to 128 printable ASCII characters".into(),
             ));
         }
-        Ok(Owner(id.into()))
+        Ok(Owner {
+            id: id.into(),
+            anonymous: false,
+        })
     }
 
     /// The owner's id as stored in Redis. Treat it as a secret: whoever knows it can release the
     /// owner's holds through the scripts.
     pub fn id(&self) -> &str {
-        &self.0
+        &self.id
     }
 }
 
@@ -51,7 +90,7 @@ impl Default for Owner {
 impl fmt::Debug for Owner {
     /// Shows only the first 8 characters, enough to correlate logs without leaking the id.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Owner({}…)", &self.0[..8.min(self.0.len())])
+        write!(f, "Owner({}…)", &self.id[..8.min(self.id.len())])
     }
 }
 

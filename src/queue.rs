@@ -57,6 +57,11 @@ impl QueuedWaiters {
     pub(crate) fn len(&self) -> usize {
         self.waiters.len()
     }
+
+    /// Whether `waiter` is queued in Redis (as far as its acquisition knows).
+    pub(crate) fn contains(&self, waiter: &str) -> bool {
+        self.waiters.contains_key(waiter)
+    }
 }
 
 /// Most locks per heartbeat call (keeps each script short).

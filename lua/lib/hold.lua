@@ -84,8 +84,9 @@
 --   queued behind it) to its client's inbox (fl_emit_to in
 --   lib/notify.lua, which also tells whether the client is there to hear it). False when
 --   nobody was left.
--- fl_free(hold, op, x, window) leaves the tombstone of a freed lock (window in ms, best as
---                                      the ARGV text)
+-- fl_free(hold, op, x, window, token) leaves the tombstone of a freed lock (window in ms,
+--                                      best as the ARGV text; token: the lock's last token as
+--                                      a decimal string when it moved past f, else nil)
 local function fl_hold_read(hold)
   local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 't')
   if v[1] == '' then
@@ -275,7 +276,12 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, 
   return false
 end
 
-local function fl_free(hold, op, x, window)
-  redis.call('HSET', hold, 'o', '', 'c', '0', 'r', op, 'x', x, 'q', '', 'g', '', 't', '')
+local function fl_free(hold, op, x, window, token)
+  if token then
+    redis.call('HSET', hold, 'o', '', 'c', '0', 'r', op, 'x', x, 'q', '', 'g', '', 't', '',
+      'f', token)
+  else
+    redis.call('HSET', hold, 'o', '', 'c', '0', 'r', op, 'x', x, 'q', '', 'g', '', 't', '')
+  end
   redis.call('PEXPIRE', hold, window)
 end

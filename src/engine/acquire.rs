@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::cohort;
 use super::release::{take_parked, wake_local_waiters};
 use super::{Attempt, Driver, DriverHold, Successor};
 use crate::context::BoxFuture;
@@ -154,6 +155,13 @@ async fn acquire_loop(
     // The first wait may come before any attempt: after a take-over that found the queue's
     // turn (it queued this waiter), or behind a hold of this client (see `wait_first`).
     let mut first_wait = None;
+    if let Some(hold) = cohort::take_parked(&driver, &waiter, &owner, lease) {
+        // A release of this client was deferred, and its hold is handed on without a call.
+        if let Some(registration) = registration.as_ref() {
+            registration.taken();
+        }
+        return Ok(Some(hold));
+    }
     if driver.engine().parked.parked_for(driver.as_ref()) {
         // A release of this client is deferred for a task that asks right after it: this one.
         let sent_at = Instant::now();
@@ -272,6 +280,17 @@ async fn acquire_loop(
         let ctx = &driver.engine().ctx;
         let given = if let Some(handed) = registration.handed() {
             registration.taken();
+            if handed.within.is_some() {
+                // Claimed while its attempt was in flight, which queued it in Redis: its line
+                // goes before anything else of this client reaches the queue.
+                queued.leave().await;
+                if driver.engine().ctx.is_closed() {
+                    // Shutdown releases only what the registry holds.
+                    cohort::release_unused(&driver, &handed).await;
+                    return Err(Error::Shutdown);
+                }
+                return Ok(cohort::adopt(&driver, &owner, lease, handed));
+            }
             tracing::trace!(
                 token = handed.token,
                 "handed over by a release of this process"
@@ -320,6 +339,10 @@ impl Drop for UnusedHandOver<'_> {
         let driver = self.driver.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
+                if cohort::release_unused(&driver, &handed).await {
+                    wake_local_waiters(driver.as_ref());
+                    return;
+                }
                 let outcome = driver.release(&owner, handed.token, &op_id(), false).await;
                 tracing::debug!(
                     lock = driver.keys().name(),
@@ -476,6 +499,7 @@ async fn take_up(
         lease,
         (acquired_at, lasts),
         source.contended(),
+        None,
     );
     tracing::debug!(token, "acquired");
     Ok(hold)

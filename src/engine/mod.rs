@@ -20,6 +20,7 @@
 //! gathers in [`Core`] and whose tasks it starts, and below the lock types and the client.
 
 pub(crate) mod acquire;
+pub(crate) mod cohort;
 mod parked;
 pub(crate) mod release;
 
@@ -143,14 +144,22 @@ pub(crate) trait Driver: HoldKind {
 /// The capability of a lock whose release may hand it to a waiting task of this process.
 pub(crate) trait HandOver: Send + Sync {
     /// Releases one hold of `owner`; when that frees the lock, it may hand it to `successor`
-    /// (its waiter id and bid) instead.
+    /// (its waiter id and bid) instead. `floor`: the highest token this client issued for the
+    /// hold within the process ([`cohort`](mod@cohort)), if it handed it over there; the
+    /// lock's next token goes above it.
     fn release_to<'a>(
         &'a self,
         owner: &'a Owner,
         token: u64,
+        floor: Option<u64>,
         op: &'a str,
         successor: Option<(&'a str, &'a Bid)>,
     ) -> BoxFuture<'a, Result<Released>>;
+    /// Whether a release may hand the hold to a task of this process without a call
+    /// ([`cohort`](mod@cohort)). Default: never.
+    fn hands_over_locally(&self) -> bool {
+        false
+    }
 }
 
 /// A hold of one of the engine's drivers.
@@ -296,10 +305,7 @@ impl Engine {
         // hold after shutdown began.
         let parked = core.parked.drain();
         for hold in parked.into_iter().chain(core.holds.drain()) {
-            let released = hold
-                .lock
-                .release(&hold.owner, hold.token, &op_id(), true)
-                .await;
+            let released = release::release_hold_in_redis(&hold, &op_id(), true).await;
             hold.mark_lost(LostCause::Shutdown);
             if let Err(err) = released {
                 first_error.get_or_insert(err);

@@ -98,6 +98,26 @@ impl ParkedHolds {
         Some(Asked::Successor(outcome))
     }
 
+    /// Takes the parked hold of `lock_id` away, released by nobody, when nobody asked for it
+    /// yet, its release has not started and `take` hands it on (a hand-over within the
+    /// process, [`super::cohort`]): its release task then finds it gone and does nothing.
+    pub(crate) fn take_if<T>(
+        &self,
+        lock_id: &str,
+        take: impl FnOnce(&Arc<DriverHold>) -> Option<T>,
+    ) -> Option<T> {
+        // Decided and removed under the entry's lock: the release task cannot start between.
+        let mut taken = None;
+        self.holds.remove_if(lock_id, |_, parked| {
+            if parked.releasing || parked.successor.is_some() {
+                return false;
+            }
+            taken = take(&parked.hold);
+            taken.is_some()
+        });
+        taken
+    }
+
     /// The hold's release task starts: takes the successor, if one asked. None when `hold` is
     /// no longer parked, or its release was started by its successor.
     pub(crate) fn start(&self, hold: &Arc<DriverHold>) -> Option<Option<TakeOver>> {

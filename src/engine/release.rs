@@ -37,6 +37,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use super::cohort;
 use super::parked::{Asked, TakeOver};
 use super::{Driver, DriverHold, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
@@ -250,6 +251,27 @@ pub(crate) async fn release_now(hold: &DriverHold) -> Result<Released> {
     } else {
         None
     };
+    if let Some(waiter) = claim.take() {
+        let (id, bid) = waiter.bid();
+        match cohort::hand_over(hold, id, &bid.owner, bid.lease) {
+            // Handed over without a call: the hold in Redis stays as it is.
+            Some(handed) => {
+                let (token, queued) = (handed.token, handed.queued);
+                if waiter.deliver(handed) {
+                    tokio::task::yield_now().await;
+                    return Ok(Released::Yes {
+                        remaining: 0,
+                        successor: Successor::HandedOver { token, queued },
+                    });
+                }
+                // The waiter went away: the hold goes back to Redis.
+                let outcome = release_with_retries(hold, None, None).await;
+                wake_local_waiters(driver.as_ref());
+                return outcome;
+            }
+            None => claim = Some(waiter),
+        }
+    }
     let sent_at = Instant::now();
     let successor = claim.as_ref().map(Claim::bid);
     let outcome = release_with_retries(hold, successor, None).await;
@@ -269,11 +291,52 @@ async fn release_with_retries(
     let lease_end = hold.deadline();
     release_retrying(
         &hold.lock,
-        &hold.owner,
-        hold.token,
+        &hold.redis.owner,
+        hold.redis.token,
+        floor(hold),
         lease_end,
         successor,
         give_up,
+    )
+    .await
+}
+
+/// The token a release of `hold` names as the floor of the lock's next ones: its own, when
+/// the hold was handed over within the process (its Redis hold carries an older one).
+fn floor(hold: &DriverHold) -> Option<u64> {
+    (hold.token != hold.redis.token).then_some(hold.token)
+}
+
+/// One release call, without retries, of the Redis hold of `owner` with `token` (of every
+/// re-entered hold with `all`), naming `floor` (see [`HandOver::release_to`]) if the hold was
+/// handed over within the process.
+pub(crate) async fn release_in_redis(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    token: u64,
+    floor: Option<u64>,
+    op: &str,
+    all: bool,
+) -> Result<Released> {
+    match (floor, driver.handover()) {
+        (Some(_), Some(handover)) => handover.release_to(owner, token, floor, op, None).await,
+        _ => driver.release(owner, token, op, all).await,
+    }
+}
+
+/// [`release_in_redis`] for a hold of this client's registry.
+pub(crate) async fn release_hold_in_redis(
+    hold: &DriverHold,
+    op: &str,
+    all: bool,
+) -> Result<Released> {
+    release_in_redis(
+        &hold.lock,
+        &hold.redis.owner,
+        hold.redis.token,
+        floor(hold),
+        op,
+        all,
     )
     .await
 }
@@ -286,10 +349,12 @@ async fn release_with_retries(
 ///
 /// `give_up`: an acquisition taking the hold over stops retrying at its own deadline (and
 /// returns the error).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn release_retrying(
     driver: &Arc<dyn Driver>,
     owner: &Owner,
     token: u64,
+    floor: Option<u64>,
     lease_end: Instant,
     successor: Option<(&str, &Bid)>,
     give_up: Option<Instant>,
@@ -306,7 +371,11 @@ pub(crate) async fn release_retrying(
             driver.handover()
         };
         let outcome = match via {
-            Some(handover) => handover.release_to(owner, token, &op, successor).await,
+            Some(handover) => {
+                handover
+                    .release_to(owner, token, floor, &op, successor)
+                    .await
+            }
             None => driver.release(owner, token, &op, false).await,
         };
         match outcome {
@@ -349,6 +418,7 @@ async fn settle_claim(
                 token,
                 at: sent_at,
                 queued: *queued,
+                within: None,
             };
             if claim.deliver(handed) {
                 // Let the new holder run before the releasing task goes on (typically with a

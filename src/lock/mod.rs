@@ -84,7 +84,7 @@ impl<D: Driver> Acquirer<D> {
         &self,
         patience: Patience,
     ) -> impl Future<Output = Result<Option<Arc<DriverHold>>>> + Send + 'static {
-        let owner = self.owner.clone().unwrap_or_default();
+        let owner = self.owner.clone().unwrap_or_else(Owner::anonymous);
         acquire(self.driver.clone(), owner, self.lease(), patience)
     }
 
@@ -208,6 +208,9 @@ pub(crate) fn release_call(
     let window = ctx.tombstone_ttl().as_millis() as i64;
     ScriptArgs::release(owner.id(), token, op, all, window)
 }
+
+/// How many arguments [`successor_args`] gives for a successor.
+pub(crate) const SUCCESSOR_ARGS: usize = 6;
 
 /// The successor arguments of a release script (`lua/hold_release.lua` `ARGV[9..14]`,
 /// `lua/rw_release.lua` `ARGV[10..15]`): the successor's owner, waiter id and lease, the

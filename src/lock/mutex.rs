@@ -13,7 +13,7 @@ use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, inspect, leave_queue, release_call, release_with, run_call,
-    successor_args, Acquirer, LockState,
+    successor_args, Acquirer, LockState, SUCCESSOR_ARGS,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::Owner;
@@ -315,14 +315,21 @@ impl ExclusiveDriver {
         &self,
         owner: &Owner,
         token: u64,
+        floor: Option<u64>,
         op: &str,
         all: bool,
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
         let ctx = &self.engine.ctx;
+        let mut extra = successor_args(ctx, successor, self.handover_limit_ms());
+        if let Some(floor) = floor {
+            // `ARGV[15]`, after the six successor positions (empty without a successor).
+            extra.resize(SUCCESSOR_ARGS, "".into());
+            extra.push(floor.to_string().into());
+        }
         let args = release_call(ctx, owner, token, op, all)
             .events(ctx.event_args(&self.keys))
-            .extra(successor_args(ctx, successor, self.handover_limit_ms()));
+            .extra(extra);
         release_with(
             ctx,
             &self.keys,
@@ -379,7 +386,7 @@ impl Driver for ExclusiveDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        Box::pin(self.release_script(owner, token, op, all, None))
+        Box::pin(self.release_script(owner, token, None, op, all, None))
     }
 
     fn handover(&self) -> Option<&dyn HandOver> {
@@ -408,10 +415,15 @@ impl HandOver for ExclusiveDriver {
         &'a self,
         owner: &'a Owner,
         token: u64,
+        floor: Option<u64>,
         op: &'a str,
         successor: Option<(&'a str, &'a Bid)>,
     ) -> BoxFuture<'a, Result<Released>> {
-        Box::pin(self.release_script(owner, token, op, false, successor))
+        Box::pin(self.release_script(owner, token, floor, op, false, successor))
+    }
+
+    fn hands_over_locally(&self) -> bool {
+        self.engine.ctx.config.local_handover
     }
 }
 

@@ -318,7 +318,7 @@ async fn release_all(owner: &Owner, holds: &[(Arc<dyn Driver>, u64)], lease_end:
     for (driver, token) in holds {
         let (driver, owner, token) = (driver.clone(), owner.clone(), *token);
         calls.spawn(async move {
-            release_retrying(&driver, &owner, token, lease_end, None, None).await
+            release_retrying(&driver, &owner, token, None, lease_end, None, None).await
         });
     }
     let mut released = 0;

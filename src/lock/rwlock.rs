@@ -364,9 +364,12 @@ impl HandOver for RwDriver {
         &'a self,
         owner: &'a Owner,
         token: u64,
+        floor: Option<u64>,
         op: &'a str,
         successor: Option<(&'a str, &'a Bid)>,
     ) -> BoxFuture<'a, Result<Released>> {
+        // Read-write holds are never handed over within the process: no token above theirs.
+        debug_assert!(floor.is_none());
         Box::pin(self.release_script(owner, token, op, false, successor))
     }
 }

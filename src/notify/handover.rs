@@ -32,6 +32,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::waiters::{Registration, Waiter, WaiterTable, WOKEN};
+use crate::lease::RedisHold;
 
 /// What a waiting acquisition asks for, so that a release in its own process can hand it the
 /// lock directly (barging mutex, see [`WaiterTable::claim_handover`]).
@@ -48,13 +49,17 @@ pub(crate) struct Bid {
 }
 
 /// A hold that a release in this process handed to a waiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct HandedOver {
     pub(crate) token: u64,
     /// When the release that handed it over was sent: the hold began after that.
     pub(crate) at: tokio::time::Instant,
     /// Waiters stayed queued in Redis behind the hand-over.
     pub(crate) queued: bool,
+    /// Handed over without a call (`crate::engine::cohort`): how long the hold lasts from
+    /// `at`, and the hold in Redis it stands on. None: a release script wrote the hold in the
+    /// waiter's name, for its full lease.
+    pub(crate) within: Option<(Duration, RedisHold)>,
 }
 
 /// Hand-over states of a waiter (see [`WaiterTable::claim_handover`]), stored as a `u8` in
@@ -142,7 +147,13 @@ impl WaiterTable {
                 let bid = w.bid.as_ref().filter(|bid| bid.owner.id() != owner)?;
                 match State::from_u8(w.handover.state.load(Ordering::Acquire)) {
                     State::Claimed => Some(Instant::now() + bid.lease),
-                    State::Done => w.handover.handed.get().map(|handed| handed.at + bid.lease),
+                    State::Done => w.handover.handed.get().map(|handed| {
+                        handed.at
+                            + handed
+                                .within
+                                .as_ref()
+                                .map_or(bid.lease, |(lasts, _)| *lasts)
+                    }),
                     State::Open | State::Gone | State::Taken => None,
                 }
             })
@@ -190,14 +201,16 @@ impl Claim {
     /// The release handed the waiter the lock: tells it. False when the waiter went away
     /// meanwhile; then the caller must release the hold it was handed.
     pub(crate) fn deliver(self, handed: HandedOver) -> bool {
+        let within = handed.within.is_some();
         let _ = self.waiter.handover.handed.set(handed);
         match self.waiter.handover.transition(State::Claimed, State::Done) {
             Ok(()) => {
                 self.waiter.wake(WOKEN);
                 true
             }
-            // Its own attempt already found the hold its own (answered by its waiter id).
-            Err(State::Taken) => true,
+            // Its own attempt already found the hold its own (answered by its waiter id). A
+            // hold handed over without a call is in nobody's name in Redis: it is the caller's.
+            Err(State::Taken) => !within,
             Err(_) => false,
         }
     }
@@ -222,7 +235,7 @@ impl Registration {
     pub(crate) fn handed(&self) -> Option<HandedOver> {
         let handover = &self.waiter.handover;
         if State::from_u8(handover.state.load(Ordering::Acquire)) == State::Done {
-            handover.handed.get().copied()
+            handover.handed.get().cloned()
         } else {
             None
         }
@@ -255,7 +268,7 @@ impl Registration {
             })
             .map(State::from_u8);
         match previous {
-            Ok(State::Done) => handover.handed.get().copied(),
+            Ok(State::Done) => handover.handed.get().cloned(),
             _ => None,
         }
     }
@@ -280,6 +293,7 @@ mod tests {
             queued: false,
             token: 7,
             at: tokio::time::Instant::now(),
+            within: None,
         }
     }
 
@@ -317,9 +331,9 @@ mod tests {
         let table = WaiterTable::new();
         let waiter = bidder(&table, &Owner::new());
         let claim = table.claim_handover("mutex:a", "releaser").expect("claim");
-        assert_eq!(waiter.abandon(), None);
+        assert!(waiter.abandon().is_none());
         assert!(!claim.deliver(handed()), "the releaser releases it");
-        assert_eq!(waiter.handed(), None);
+        assert!(waiter.handed().is_none());
     }
 
     #[test]
@@ -329,7 +343,7 @@ mod tests {
         let claim = table.claim_handover("mutex:a", "releaser").expect("claim");
         waiter.taken();
         assert!(claim.deliver(handed()), "its own attempt found the hold");
-        assert_eq!(waiter.abandon(), None);
+        assert!(waiter.abandon().is_none());
     }
 
     #[test]
@@ -348,7 +362,7 @@ mod tests {
             "not for the owner the hold would be taken for"
         );
         let handed = handed();
-        assert!(claim.deliver(handed));
+        assert!(claim.deliver(handed.clone()));
         assert_eq!(
             table.handing_to_other("mutex:a", asking),
             Some(handed.at + Duration::from_secs(1)),

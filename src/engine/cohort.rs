@@ -1,0 +1,155 @@
+//! Local hand-overs (lock cohorting): a barging [`crate::Mutex`] held by this client passes
+//! from one task of the client to the next without a call to Redis.
+//!
+//! Why: under contention a hold of the barging mutex already goes to a task of the releasing
+//! process as a rule (eventual fairness, see [`release`](super::release)), and each such
+//! hand-over used to cost a release script that rewrote the hold in the new task's name. For
+//! Redis that hand-over changes nothing another client can see: the lock stays held by this
+//! client. So within a short window the hold in Redis stays as it is, and the client hands it
+//! on by itself:
+//!
+//! * **Who.** Only between acquisitions of handles without an [`Owner`]: nobody re-enters
+//!   their holds, so the owner id under which Redis keeps the hold (the first task's) is
+//!   presented by no other acquisition. (An owner id copied from such a guard and presented
+//!   after its release would re-enter the hold it was handed on to: do not reuse them.)
+//! * **Tokens.** Each hand-over draws a token above its predecessor's and not behind the
+//!   server's clock as this client knows it (the Redis hold's token plus the time since its
+//!   reply was read), as a hand-over by script would. The release that finally leaves the
+//!   hold in Redis names the last of them, and the lock's next token goes above it
+//!   (`lua/hold_release.lua`, `floor`).
+//! * **Lease.** The new hold has what is left of the Redis hold's lease (at least half of its
+//!   own), and is topped up to its full lease by the watchdog a third into that, like a short
+//!   grant; renewals and a lost hold concern the Redis hold, so every guard on it hears of them.
+//! * **Fairness.** Hand-overs stop a while after the hold was last written in Redis (see
+//!   [`Config::local_handover`](crate::Config::local_handover)): the next one is a release
+//!   script, which grants the lock to the Redis queue when its first waiter is due. The
+//!   window is short when waiters of other processes were queued, so the queue moves.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::release::release_in_redis;
+use super::{Driver, DriverHold};
+use crate::lease::Lease;
+use crate::notify::HandedOver;
+use crate::owner::{op_id, Owner};
+
+/// A hold is handed on only with at least this much of its lease left.
+const MIN_LEFT: Duration = Duration::from_millis(200);
+
+/// The hand-over of `hold` to the acquisition `waiter` of `owner` asking for a lease of
+/// `initial`, if it may happen without a call (see the module docs); None: it takes a release
+/// script. Not to a waiter queued in Redis: only a script takes its line out of the queue
+/// (otherwise a later release could grant the lock to that line, which nobody would take up).
+pub(crate) fn hand_over(
+    hold: &DriverHold,
+    waiter: &str,
+    owner: &Owner,
+    initial: Duration,
+) -> Option<HandedOver> {
+    let driver = &hold.lock;
+    let config = &driver.engine().ctx.config;
+    let allowed = driver
+        .handover()
+        .is_some_and(|handover| handover.hands_over_locally())
+        && owner.is_anonymous()
+        && hold.owner.is_anonymous()
+        && !driver.engine().queued.contains(waiter)
+        && hold.lost_cause().is_none()
+        && driver.engine().ctx.check_open().is_ok();
+    if !allowed {
+        return None;
+    }
+    let now = Instant::now();
+    let window = if hold.redis.queued {
+        config.handover_limit / 32
+    } else {
+        config.handover_limit / 2
+    };
+    let left = hold.deadline().saturating_duration_since(now);
+    let lasts = left.min(initial);
+    if now >= hold.redis.written_at + window || left < MIN_LEFT || lasts < initial / 2 {
+        return None;
+    }
+    Some(HandedOver {
+        token: next_token(hold, now),
+        at: now,
+        queued: hold.redis.queued,
+        within: Some((lasts, hold.redis.clone())),
+    })
+}
+
+/// The token of a hold handed on from `hold` at `now`: above `hold`'s, and not ahead of the
+/// server's clock as far as this client knows it.
+fn next_token(hold: &DriverHold, now: Instant) -> u64 {
+    let since = now
+        .saturating_duration_since(hold.redis.read_at)
+        .as_micros() as u64;
+    (hold.token + 1).max(hold.redis.token.saturating_add(since))
+}
+
+/// Takes the deferred release of `driver`'s lock over without a call, for an acquisition of
+/// `owner` with `lease`: the hold handed on, adopted by the registry. None when nothing is
+/// parked, its release started or was asked for, or it may not be handed on (see
+/// [`hand_over`]).
+pub(crate) fn take_parked(
+    driver: &Arc<dyn Driver>,
+    waiter: &str,
+    owner: &Owner,
+    lease: Lease,
+) -> Option<Arc<DriverHold>> {
+    let handed = driver.engine().parked.take_if(driver.keys().id(), |hold| {
+        hand_over(hold, waiter, owner, lease.initial())
+    })?;
+    adopt(driver, owner, lease, handed)
+}
+
+/// Registers the hold `handed` gave to an acquisition of `owner` with `lease` without a call.
+/// None when `handed` came from a release script (it is taken up as any hold from Redis).
+pub(crate) fn adopt(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    lease: Lease,
+    handed: HandedOver,
+) -> Option<Arc<DriverHold>> {
+    let (lasts, redis) = handed.within?;
+    driver
+        .engine()
+        .ctx
+        .handed_locally
+        .fetch_add(1, Ordering::Relaxed);
+    tracing::trace!(
+        lock = driver.keys().name(),
+        token = handed.token,
+        redis_token = redis.token,
+        "handed over within the process"
+    );
+    Some(driver.engine().holds.adopt(
+        driver.clone(),
+        owner,
+        handed.token,
+        lease,
+        (handed.at, lasts),
+        true,
+        Some(redis),
+    ))
+}
+
+/// Releases in Redis a hold `handed` over within the process that nobody took up (its
+/// acquisition went away, or shutdown began). False when `handed` came from a release script.
+pub(crate) async fn release_unused(driver: &Arc<dyn Driver>, handed: &HandedOver) -> bool {
+    let Some((_, redis)) = &handed.within else {
+        return false;
+    };
+    let floor = Some(handed.token);
+    let outcome = release_in_redis(driver, &redis.owner, redis.token, floor, &op_id(), false).await;
+    tracing::debug!(
+        lock = driver.keys().name(),
+        ?outcome,
+        "released a hold handed over within the process that nobody took up"
+    );
+    true
+}
