@@ -390,9 +390,9 @@ pub struct ClientStats {
     /// that release's own call (see [`Config::defer_release`](crate::Config::defer_release)),
     /// since start.
     pub taken_over: u64,
-    /// Barging-mutex acquisitions handed a hold of this client by another of its tasks without
-    /// a call to Redis (see [`Config::local_handover`](crate::Config::local_handover)), since
-    /// start. Not counted in `handed_over` or `taken_over`.
+    /// Of the acquisitions counted in `handed_over` and `taken_over`, those handed a hold of
+    /// this client without a call to Redis (see
+    /// [`Config::local_handover`](crate::Config::local_handover)), since start.
     pub handed_locally: u64,
     /// Releases deferred right now, waiting for the releasing task to yield or a task of this
     /// client to take them over (not counting those an acquisition asked for already).

@@ -664,3 +664,114 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
         shutdown(&scene.b).await;
     }
 }
+
+/// Tasks of one client taking turns on a barging mutex through a handle without an owner pass
+/// the hold on without a call (`Config::local_handover`, `src/engine/cohort.rs`): the hold in
+/// Redis stays the first task's, each guard gets a token above the one before, another client
+/// cannot take the lock meanwhile, and the release that finally lets the lock go in Redis
+/// leaves the last token behind, so that the next take, by another client, goes above every
+/// token handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_client_hand_the_hold_on_without_a_call() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let mut config_a = config(&server, "within", mode);
+        // A window (half the limit) that a loaded machine does not outlast.
+        config_a.handover_limit = Duration::from_secs(10);
+        let a = connect(config_a).await;
+        let b = connect(config(&server, "within", mode)).await;
+        let mutex = a.mutex(NAME).unwrap();
+        let rival = b.mutex(NAME).unwrap();
+
+        let first = bounded("the first task locks", mutex.lock()).await.unwrap();
+        let hold_key = find_hold(&server, &prefix("within", mode), "mutex", NAME).unwrap();
+        let tokens = std::sync::Arc::new(std::sync::Mutex::new(vec![first.fencing_token()]));
+        let tasks: Vec<JoinHandle<()>> = (0..3)
+            .map(|_| {
+                let (mutex, rival, tokens) = (mutex.clone(), rival.clone(), tokens.clone());
+                tokio::spawn(async move {
+                    for _ in 0..20 {
+                        let guard = mutex.lock().await.unwrap();
+                        let free = rival.try_lock().await.unwrap();
+                        assert!(free.is_none(), "another client took a held lock");
+                        tokens.lock().unwrap().push(guard.fencing_token());
+                        guard.unlock().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        eventually("the tasks wait", || a.stats().waiting == 3).await;
+        let redis_owner = hold_owner(&server, &hold_key);
+        assert_eq!(redis_owner.as_deref(), Some(first.owner().id()), "{mode:?}");
+        first.unlock().await.unwrap();
+        for task in tasks {
+            joined("a task's turns", task).await;
+        }
+        let tokens = tokens.lock().unwrap().clone();
+        assert_eq!(tokens.len(), 61, "{mode:?}");
+        assert!(
+            tokens.windows(2).all(|pair| pair[0] < pair[1]),
+            "{mode:?}: tokens went back: {tokens:?}"
+        );
+        assert!(a.stats().handed_locally > 0, "{mode:?}: {:?}", a.stats());
+
+        // Once every task is done, the lock is let go in Redis (a deferred release at the
+        // latest), and the next take goes above every token handed out.
+        eventually_async("the lock is let go", || async {
+            hold_owner(&server, &hold_key).is_none()
+        })
+        .await;
+        let next = bounded("the other client locks", rival.lock())
+            .await
+            .unwrap();
+        let last = tokens.last().copied().unwrap_or_default();
+        assert!(next.fencing_token() > last, "{mode:?}");
+        next.unlock().await.unwrap();
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
+/// A hold handed on within the process is renewed, and lost, as the hold in Redis it stands
+/// on: its watchdog renews the first task's hold in Redis past several leases, and when
+/// another client force-unlocks the lock, the handed-on guard hears that it lost it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_handed_on_within_the_process_is_renewed_and_lost_as_its_redis_hold() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let mut config_a = config(&server, "withinlease", mode);
+        config_a.handover_limit = Duration::from_secs(10);
+        config_a.watchdog_lease = Duration::from_secs(2);
+        let a = connect(config_a).await;
+        let b = connect(config(&server, "withinlease", mode)).await;
+        let mutex = a.mutex(NAME).unwrap();
+
+        let first = bounded("the first task locks", mutex.lock()).await.unwrap();
+        let hold_key = find_hold(&server, &prefix("withinlease", mode), "mutex", NAME).unwrap();
+        let second = {
+            let mutex = mutex.clone();
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        eventually("the second task waits", || a.stats().waiting == 1).await;
+        let handed_before = a.stats().handed_locally;
+        first.unlock().await.unwrap();
+        let second = joined("the second task is handed the lock", second)
+            .await
+            .unwrap();
+        assert_eq!(a.stats().handed_locally, handed_before + 1, "{mode:?}");
+
+        // Past a lease and a half: renewed under the first task's hold in Redis.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(second.lost_cause(), None, "{mode:?}");
+        assert!(hold_owner(&server, &hold_key).is_some(), "{mode:?}");
+
+        let lost = second.lost();
+        assert!(b.mutex(NAME).unwrap().force_unlock().await.unwrap());
+        bounded("the handed-on guard hears it lost the lock", lost).await;
+        drop(second);
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}

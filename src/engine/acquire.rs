@@ -160,6 +160,8 @@ async fn acquire_loop(
         if let Some(registration) = registration.as_ref() {
             registration.taken();
         }
+        let ctx = &driver.engine().ctx;
+        ctx.taken_over.fetch_add(1, Ordering::Relaxed);
         return Ok(Some(hold));
     }
     if driver.engine().parked.parked_for(driver.as_ref()) {
@@ -289,6 +291,7 @@ async fn acquire_loop(
                     cohort::release_unused(&driver, &handed).await;
                     return Err(Error::Shutdown);
                 }
+                ctx.handed_over.fetch_add(1, Ordering::Relaxed);
                 return Ok(cohort::adopt(&driver, &owner, lease, handed));
             }
             tracing::trace!(

@@ -1100,3 +1100,58 @@ fn a_fair_waiter_queues_without_a_time_stamp() {
         )
     );
 }
+
+/// A release that names a floor (the last token its client issued for the hold within its
+/// process, by hand-overs without a call) continues the lock's tokens above it: the tombstone
+/// keeps the floor as its token, so the next take goes above it, and a hand-over's token goes
+/// above it too. A floor at or below the hold's token changes nothing, and a release of another
+/// hold (a stale token) is refused whatever floor it names.
+#[test]
+fn a_release_naming_a_floor_continues_the_tokens_above_it() {
+    init_tracing();
+    let server = RedisServer::start();
+    let lua = Lua::new(&server, "stream");
+
+    // Freed with a floor 5 s ahead of the clock: only the floor can put the next token there.
+    let t = lua.acquire(Ask::once("a", "a-take"))[1];
+    let floor = t + 5_000_000;
+    let released = lua.release_with_floor("a", t, Some(floor), "a-release", false, None);
+    assert_eq!(ints(released), vec![1, 0]);
+    let freed = tombstone(floor, LEASE, "a-release", "a-release");
+    lua.assert_hold(&freed, WINDOW, "the tombstone carries the floor");
+    let next = lua.acquire(Ask::once("b", "b-take"))[1];
+    assert_eq!(next, floor + 1, "the next take continues above the floor");
+
+    // A stale token is refused, whatever the floor; nothing changes.
+    let before = lua.dump(&[]);
+    let stale = lua.release_with_floor("b", next - 1, Some(next + 10), "b-stale", false, None);
+    assert_eq!(ints(stale), vec![-1, 0]);
+    assert_eq!(lua.dump(&[]), before, "a refused release changed a key");
+
+    // Handed over to a task of the releasing process, with a floor: its token goes above.
+    let floor = next + 5_000_000;
+    let to = Successor {
+        owner: "c",
+        waiter: "c-wait",
+        limit: LIMIT,
+        queues: None,
+    };
+    let handed = ints(lua.release_with_floor("b", next, Some(floor), "b-release", false, Some(to)));
+    assert_eq!(handed, vec![1, 0, floor + 1, 0]);
+    let expected = HoldHash {
+        x: "b-release,a-release".to_owned(),
+        ..handed_over("c", floor + 1, SUCCESSOR_LEASE, "c-wait")
+    };
+    assert_eq!(lua.hash(), expected);
+
+    // A floor below the hold's token: the tombstone keeps the hold's own.
+    let c = floor + 1;
+    let released = lua.release_with_floor("c", c, Some(c - 7), "c-release", false, None);
+    assert_eq!(ints(released), vec![1, 0]);
+    let x = "c-release,b-release,a-release";
+    lua.assert_hold(
+        &tombstone(c, SUCCESSOR_LEASE, "c-release", x),
+        WINDOW,
+        "the hold's token",
+    );
+}

@@ -524,6 +524,20 @@ impl<'a> Lua<'a> {
         all: bool,
         to: Option<Successor>,
     ) -> Resp {
+        self.release_with_floor(owner, token, None, op, all, to)
+    }
+
+    /// [`Lua::release_to`] naming `floor` (`ARGV[15]`), the highest token the releasing client
+    /// issued for the hold within its process, if given.
+    pub(crate) fn release_with_floor(
+        &self,
+        owner: &str,
+        token: i64,
+        floor: Option<i64>,
+        op: &str,
+        all: bool,
+        to: Option<Successor>,
+    ) -> Resp {
         let (successor, waiter) = to.map_or(("", ""), |s| (s.owner, s.waiter));
         let (token, window) = (token.to_string(), WINDOW.to_string());
         let (lease, limit, inbox_tag, queues) = match to {
@@ -538,26 +552,25 @@ impl<'a> Lua<'a> {
         let joins = to.is_some_and(|s| s.queues.is_some())
             && queued_since(&self.queue_of(HOLD), waiter).is_none();
         let before = self.clock().div_euclid(1000);
-        let reply = self.eval(
-            &self.release,
-            &KEYS,
-            &[
-                owner,
-                &token,
-                op,
-                if all { "1" } else { "0" },
-                &window,
-                self.mode,
-                "1000",
-                LOCK_ID,
-                successor,
-                waiter,
-                &lease,
-                &limit,
-                &inbox_tag,
-                &queues,
-            ],
-        );
+        let floor = floor.map(|floor| floor.to_string());
+        let mut args = vec![
+            owner,
+            &token,
+            op,
+            if all { "1" } else { "0" },
+            &window,
+            self.mode,
+            "1000",
+            LOCK_ID,
+            successor,
+            waiter,
+            &lease,
+            &limit,
+            &inbox_tag,
+            &queues,
+        ];
+        args.extend(floor.as_deref());
+        let reply = self.eval(&self.release, &KEYS, &args);
         let after = self.clock().div_euclid(1000);
         if joins {
             if let Some(since) = queued_since(&self.queue_of(HOLD), waiter) {
