@@ -14,13 +14,15 @@
 //! * [`release`](mod@release): `unlock()`, the release worker behind a dropped guard, the local
 //!   hand-over's release side and deferred releases;
 //! * `parked`: the deferred releases' states (parked, releasing, gone) and the acquisitions
-//!   that ask for them.
+//!   that ask for them;
+//! * [`cohort`](mod@cohort): hand-overs within the process without a call (the barging
+//!   mutex, for acquisitions of handles without an owner).
 //!
 //! The engine sits above the lease, queue, watch and notify modules, whose registries it
 //! gathers in [`Core`] and whose tasks it starts, and below the lock types and the client.
 
 pub(crate) mod acquire;
-pub(crate) mod cohort;
+mod cohort;
 mod parked;
 pub(crate) mod release;
 
