@@ -40,8 +40,8 @@
 --
 -- Returns {1, holds left} when released (0: freed, or granted to the first waiter),
 --         {1, 0, token, queued} when the lock was handed to the successor with this fencing
---           token (also when this call is a retry of a release that did so); queued is 1 when
---           waiters stay queued behind it, else 0,
+--           token (also when this call is a retry of a release that did so); queued is about
+--           how many waiters stay queued behind it (lib/hold.lua fl_queued_count),
 --         {2, bound ms, token} when the lock went to the queue and the successor (ARGV[14]
 --           set) joined the queue: the granted holder's bound and token, as in
 --           hold_acquire's busy reply (also to a retry, while the successor is queued: the
@@ -64,7 +64,7 @@ if fields[5] == op then
 end
 if fl_chain_has(fields[6], op) then
   if successor_waiter ~= '' and fields[8] == successor_waiter then
-    return {1, 0, tonumber(fields[3]), fl_queued_flag(fields[7])}
+    return {1, 0, tonumber(fields[3]), fl_queued_count(fields[7])}
   end
   if current and successor_queues ~= '' and fl_queue_find(fields[7], successor_waiter) then
     -- It granted the lock to the queue and queued the successor (a take-over), which waits.
@@ -134,4 +134,4 @@ end
 local next_token, token_number = fl_token_after(tonumber(fields[3]), now)
 fl_hold_write(hold, written, successor, next_token, ARGV[11], successor_waiter, freed_by, queue,
   successor_waiter)
-return {1, 0, token_number, fl_queued_flag(queue or fields[7])}
+return {1, 0, token_number, fl_queued_count(queue or fields[7])}

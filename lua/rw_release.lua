@@ -33,7 +33,7 @@
 -- Returns {1, holds left} when released (0: this side's hold is gone),
 --         {1, 0, token, queued} when the write hold was handed to the successor with this
 --           fencing token (also when this call is a retry of a release that did so); queued
---           is 1 when waiters stay queued behind it, else 0,
+--           is about how many waiters stay queued behind it (0: none),
 --         {2, bound ms, token} when the lock went to the queue and the successor joined the
 --           queue: the latest end of the lock's live holds and the lock's f, as in
 --           rw_acquire's busy reply (also to a retry, while the successor is queued),
@@ -103,7 +103,7 @@ if fields[5] == op then
 end
 if fl_chain_has(fields[6], op) then
   if successor_waiter ~= '' and state.writer and fields[8] == successor_waiter then
-    return {1, 0, tonumber(fields[3]), fl_queued_flag(q)}
+    return {1, 0, tonumber(fields[3]), fl_queued_count(q)}
   end
   if successor_queues ~= '' and fl_queue_find(q, successor_waiter) then
     return queued_reply()

@@ -270,8 +270,8 @@ pub(crate) struct RedisHold {
     /// (tokens follow the server clock, `lua/lib/hold.lua`), so `token` plus the time since is
     /// not ahead of the server's clock.
     pub(crate) read_at: Instant,
-    /// Waiters were queued in Redis when it was written.
-    pub(crate) queued: bool,
+    /// About how many waiters of other clients were queued in Redis when it was written.
+    pub(crate) queued: u32,
 }
 
 /// One hold: one owner's (possibly re-entered) hold on one lock, of kind `K` (the engine's
@@ -408,7 +408,9 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
     /// `sent_at` is the latest instant known to precede the acquisition in Redis, and the hold
     /// lasts `lasts` from then: the lease requested, or less for a hold a fair release granted
     /// (see `lua/lib/hold.lua`), which is renewed to the full lease a third of `lasts` later.
-    /// `redis`: the hold in Redis it stands on, for a hold handed over within the process
+    /// `queued`: about how many waiters stayed queued in Redis behind it (0: none; a hold that
+    /// others wait for is contended). `redis`: the hold in Redis it stands on, for a hold
+    /// handed over within the process
     /// (`crate::engine::cohort`); None for a hold taken from Redis, which stands on itself.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn adopt(
@@ -418,15 +420,16 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
         token: u64,
         lease: Lease,
         (sent_at, lasts): (Instant, Duration),
-        contended: bool,
+        queued: u32,
         redis: Option<RedisHold>,
     ) -> Arc<Hold<K>> {
+        let contended = queued > 0;
         let redis = redis.unwrap_or_else(|| RedisHold {
             owner: owner.clone(),
             token,
             written_at: sent_at,
             read_at: Instant::now(),
-            queued: contended,
+            queued,
         });
         let key = hold_key(lock.hold_role(), owner.id(), lock.keys().id());
         let initial = lease.initial();

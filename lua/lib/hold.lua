@@ -65,7 +65,8 @@
 -- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
 -- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
 -- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
--- fl_queued_flag(q)                 -> 1 when q holds a waiter, else 0
+-- fl_queued_count(q)                -> how many waiters q holds, estimated from the length of
+--                                      its first line (0 when empty, else at least 1)
 -- fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us) -> a queue line, stamped with
 --                                      the clock (now_us, or read now when nil)
 -- fl_queue_head_wait(q, now_us, except) -> how many ms the first waiter of q has waited by
@@ -80,8 +81,8 @@
 --   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
 --   its grant ms) before it sends anything (a write refused for want of memory then
 --   fails the whole script, before any event), and sends the event
---   "0|grant|<waiter>,<token>,<grant ms>,<queued>|<lock id>" (queued: 1 when waiters stay
---   queued behind it) to its client's inbox (fl_emit_to in
+--   "0|grant|<waiter>,<token>,<grant ms>,<queued>|<lock id>" (queued: how many waiters
+--   stay queued behind it, fl_queued_count) to its client's inbox (fl_emit_to in
 --   lib/notify.lua, which also tells whether the client is there to hear it). False when
 --   nobody was left.
 -- fl_free(hold, op, x, window, token) leaves the tombstone of a freed lock (window in ms,
@@ -223,11 +224,13 @@ local function fl_queue_without(q, waiter)
   return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
 end
 
-local function fl_queued_flag(q)
-  if q and q ~= '' then
-    return 1
+local function fl_queued_count(q)
+  if not q or q == '' then
+    return 0
   end
-  return 0
+  -- Lines differ only in their owner ids' lengths: the first line's length gives the count
+  -- closely enough, without a scan of the queue.
+  return math.max(1, math.floor(#q / string.find(q, '\n', 1, true)))
 end
 
 local function fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us)
@@ -263,7 +266,7 @@ local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, 
       text = text or fl_token_after(tonumber(fields[3]), now_us or fl_now_us())
       local left = at > size and (tail or '') or
         (tail and string.sub(q, at) .. tail or string.sub(q, at))
-      local queued = left ~= '' and 1 or 0
+      local queued = fl_queued_count(left)
       redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
         'x', x, 'q', left, 'g', waiter, 't', '1')
       if fl_emit_to(events .. ':to:' .. inbox, mode,

@@ -170,7 +170,7 @@ async fn acquire_loop(
         match Box::pin(take_over(&driver, &owner, &waiter, lease, patience)).await {
             Some(Successor::HandedOver {
                 token,
-                queued: contended,
+                queued: behind,
             }) => {
                 if let Some(registration) = registration.as_ref() {
                     registration.taken();
@@ -179,7 +179,7 @@ async fn acquire_loop(
                 let ctx = &driver.engine().ctx;
                 ctx.taken_over.fetch_add(1, Ordering::Relaxed);
                 let timing = (sent_at, lease.initial());
-                let source = Source::OwnConnection { contended };
+                let source = Source::OwnConnection { queued: behind };
                 let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
                 return hold.await.map(Some);
             }
@@ -300,7 +300,7 @@ async fn acquire_loop(
             );
             let timing = (handed.at, lease.initial());
             let source = Source::OwnConnection {
-                contended: handed.queued,
+                queued: handed.queued,
             };
             Some((handed.token, timing, source, &ctx.handed_over))
         } else {
@@ -308,7 +308,7 @@ async fn acquire_loop(
                 let timing = grant_times(last_busy, granted)?;
                 tracing::trace!(token = granted.token, "granted by the release");
                 let source = Source::OtherClient {
-                    contended: granted.queued,
+                    queued: granted.queued,
                 };
                 Some((granted.token, timing, source, &ctx.granted))
             })
@@ -445,18 +445,18 @@ enum Source {
     /// This acquisition's own acquire script.
     OwnScript,
     /// A release by this client (a local hand-over or a take-over), on the same connection.
-    OwnConnection { contended: bool },
+    OwnConnection { queued: u32 },
     /// A release by another client (a grant to the queue).
-    OtherClient { contended: bool },
+    OtherClient { queued: u32 },
 }
 
 impl Source {
-    /// Whether other acquisitions still wait for the lock: a release of the hold is then worth
-    /// deferring for a task of this client (`crate::engine::release`).
-    fn contended(self) -> bool {
+    /// About how many other acquisitions still wait for the lock in Redis: a release of the
+    /// hold is then worth deferring for a task of this client (`crate::engine::release`).
+    fn queued(self) -> u32 {
         match self {
-            Source::OwnScript => false,
-            Source::OwnConnection { contended } | Source::OtherClient { contended } => contended,
+            Source::OwnScript => 0,
+            Source::OwnConnection { queued } | Source::OtherClient { queued } => queued,
         }
     }
 }
@@ -501,7 +501,7 @@ async fn take_up(
         token,
         lease,
         (acquired_at, lasts),
-        source.contended(),
+        source.queued(),
         None,
     );
     tracing::debug!(token, "acquired");
@@ -820,7 +820,7 @@ mod tests {
         Granted {
             token: 7,
             lasts_ms,
-            queued: false,
+            queued: 0,
         }
     }
 

@@ -64,11 +64,7 @@ pub(crate) fn hand_over(
         return None;
     }
     let now = Instant::now();
-    let window = if hold.redis.queued {
-        config.handover_limit / 32
-    } else {
-        config.handover_limit / 2
-    };
+    let window = window(config.handover_limit, hold.redis.queued);
     let left = hold.deadline().saturating_duration_since(now);
     let lasts = left.min(initial);
     if now >= hold.redis.written_at + window || left < MIN_LEFT || lasts < initial / 2 {
@@ -80,6 +76,19 @@ pub(crate) fn hand_over(
         queued: hold.redis.queued,
         within: Some((lasts, hold.redis.clone())),
     })
+}
+
+/// How long after a hold was written in Redis it passes on within the process, with about
+/// `queued` waiters of other clients queued behind it then: half the hand-over limit when
+/// nobody waited, else a share of one and a half limits per waiter and the holder. Under a
+/// full load each process so holds the lock for about one window per turn, and a turn of all
+/// of them takes about one and a half limits plus their hand-offs between processes.
+fn window(limit: Duration, queued: u32) -> Duration {
+    let half = limit / 2;
+    if queued == 0 {
+        return half;
+    }
+    (limit * 3 / 2 / queued.saturating_add(1)).min(half)
 }
 
 /// The token of a hold handed on from `hold` at `now`: above `hold`'s, and not ahead of the
@@ -133,7 +142,7 @@ pub(crate) fn adopt(
         handed.token,
         lease,
         (handed.at, lasts),
-        true,
+        handed.queued.max(1),
         Some(redis),
     ))
 }

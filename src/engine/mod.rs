@@ -89,7 +89,7 @@ pub(crate) enum Successor {
     Passed,
     /// The successor holds the lock now, with this fencing token; `queued`: waiters stay
     /// queued in Redis behind it.
-    HandedOver { token: u64, queued: bool },
+    HandedOver { token: u64, queued: u32 },
     /// The lock went to the queue, and the successor (a take-over) joined the queue behind
     /// the waiter granted it: like a busy attempt, the new holder's bound and token.
     Queued { ttl: Duration, token: u64 },

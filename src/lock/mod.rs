@@ -180,7 +180,7 @@ pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> 
             remaining: 0,
             successor: Successor::HandedOver {
                 token: token.max(0) as u64,
-                queued: queued == 1,
+                queued: u32::try_from(queued.max(0)).unwrap_or(u32::MAX),
             },
         }),
         [2, ttl, token] => Ok(Released::Yes {

@@ -77,7 +77,7 @@ impl WakeRule {
         let mut number = || parts.next().and_then(|part| part.parse::<u64>().ok());
         match (number(), number()) {
             (Some(token), Some(lasts_ms)) => {
-                let queued = number() == Some(1);
+                let queued = number().map_or(0, saturate);
                 WakeRule::Grant(
                     id,
                     Granted {
@@ -95,7 +95,10 @@ impl WakeRule {
     /// read hold has a token of its own).
     fn parse_grants(target: &str) -> WakeRule {
         let mut parts = target.split(ID_SEPARATOR);
-        let queued = parts.next() == Some("1");
+        let queued = parts
+            .next()
+            .and_then(|part| part.parse::<u64>().ok())
+            .map_or(0, saturate);
         let readers = parts
             .filter(|part| !part.is_empty())
             .map(|part| {
@@ -121,8 +124,13 @@ pub(crate) struct Granted {
     pub(crate) token: u64,
     /// How long the granted hold lasts from the grant, in ms, until its new owner renews it.
     pub(crate) lasts_ms: u64,
-    /// Other waiters stayed queued behind the grant.
-    pub(crate) queued: bool,
+    /// About how many other waiters stayed queued behind the grant (0: none).
+    pub(crate) queued: u32,
+}
+
+/// A count from an event, cut to `u32`.
+fn saturate(count: u64) -> u32 {
+    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -139,7 +147,7 @@ mod tests {
         let granted = |lasts_ms, token| Granted {
             token,
             lasts_ms,
-            queued: true,
+            queued: 1,
         };
         assert_eq!(
             event.rule,
@@ -180,12 +188,12 @@ mod tests {
         let granted = Granted {
             token: 1_795_511_510_591_024,
             lasts_ms: 3_000,
-            queued: true,
+            queued: 1,
         };
         assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
         let event = Event::from_payload("0|grant|w1,1795511510591024,3000,0|mutex:a").unwrap();
         let alone = Granted {
-            queued: false,
+            queued: 0,
             ..granted
         };
         assert_eq!(event.rule, WakeRule::Grant("w1".into(), alone));

@@ -54,8 +54,8 @@ pub(crate) struct HandedOver {
     pub(crate) token: u64,
     /// When the release that handed it over was sent: the hold began after that.
     pub(crate) at: tokio::time::Instant,
-    /// Waiters stayed queued in Redis behind the hand-over.
-    pub(crate) queued: bool,
+    /// About how many waiters stayed queued in Redis behind the hand-over (0: none).
+    pub(crate) queued: u32,
     /// Handed over without a call (`crate::engine::cohort`): how long the hold lasts from
     /// `at`, and the hold in Redis it stands on. None: a release script wrote the hold in the
     /// waiter's name, for its full lease.
@@ -290,7 +290,7 @@ mod tests {
 
     fn handed() -> HandedOver {
         HandedOver {
-            queued: false,
+            queued: 0,
             token: 7,
             at: tokio::time::Instant::now(),
             within: None,

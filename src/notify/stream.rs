@@ -232,7 +232,7 @@ mod tests {
         let granted = Granted {
             token: 9,
             lasts_ms: 3000,
-            queued: false,
+            queued: 0,
         };
         assert_eq!(event.rule, WakeRule::Grant("w1".into(), granted));
         for broken in [

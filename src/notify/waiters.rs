@@ -319,7 +319,7 @@ mod tests {
         let granted = Granted {
             token: 7,
             lasts_ms: 3000,
-            queued: true,
+            queued: 1,
         };
         let grants = WakeRule::Grants(vec![
             ("r3".into(), Some(granted)),

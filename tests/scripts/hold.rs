@@ -604,7 +604,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     let handed = lua.hand_over("a", t, "a-release", ("b", "wb"));
     assert_eq!(
         (handed.len(), handed[0], handed[1], handed[3]),
-        (4, 1, 0, 1),
+        (4, 1, 0, 2),
         "{handed:?}"
     );
     let tb = handed[2];
@@ -637,7 +637,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     // it); re-sent with another successor, or none, it is only answered as released.
     assert_eq!(
         lua.hand_over("a", t, "a-release", ("b", "wb")),
-        vec![1, 0, tb, 1]
+        vec![1, 0, tb, 2]
     );
     assert_eq!(lua.hand_over("a", t, "a-release", ("c", "wc")), vec![1, 0]);
     assert_eq!(lua.release("a", t, "a-release"), vec![1, 0]);
@@ -660,7 +660,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     assert!(answered[3] > 0 && answered[3] <= LEASE, "{answered:?}");
     assert_eq!(
         lua.hand_over("a", t, "a-release", ("b", "wb")),
-        vec![1, 0, tb, 1]
+        vec![1, 0, tb, 2]
     );
     assert_eq!(lua.hand_over("a", t, "a-release", ("c", "wc")), vec![1, 0]);
     assert_eq!(lua.hash(), b_twice, "a re-sent release changed the hold");
@@ -681,7 +681,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     let tb = lua.push_ahead();
     assert_eq!(
         lua.hand_over("b", tb, "b-release", ("d", "wd")),
-        vec![1, 0, tb + 1, 1]
+        vec![1, 0, tb + 1, 2]
     );
     lua.assert_hold(
         &HoldHash {
@@ -695,7 +695,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     // A third in a row, to f (no count caps them).
     assert_eq!(
         lua.hand_over("d", tb + 1, "d-release", ("f", "wf")),
-        vec![1, 0, tb + 2, 1]
+        vec![1, 0, tb + 2, 2]
     );
     lua.assert_hold(
         &HoldHash {
@@ -1002,7 +1002,7 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     let wg_line = lua.line("wg", "g", LEASE, WAITER_LEASE);
     assert_eq!(
         lua.take_over("s", t + 2, "s-release", ("e", "we"), 3_000),
-        vec![1, 0, t + 3, 1]
+        vec![1, 0, t + 3, 2]
     );
     lua.assert_hold(
         &HoldHash {
