@@ -140,10 +140,11 @@ pub struct Config {
     /// gets a token above its predecessor's, the rest of its lease (topped up later, like a
     /// short grant), and the same [`lost`](crate::LockGuard::lost) watch. Such hand-overs stop
     /// a while after the hold was last written in Redis: half the
-    /// [`Config::handover_limit`] when nobody else waited then, a 32nd of it when waiters of
-    /// other processes were queued. Then a release script looks at the queue again (and may
-    /// grant the lock to it), so the eventual-fairness bound still holds, about that much
-    /// later. Off, every hand-over is a script call.
+    /// [`Config::handover_limit`] when nobody else waited then, else one and a half limits
+    /// shared among the waiters queued in Redis and the holder (at most half a limit). Then a
+    /// release script looks at the queue again (and may grant the lock to it), so the
+    /// eventual-fairness bound still holds, about that much later. Off, every hand-over is a
+    /// script call.
     pub local_handover: bool,
 }
 
