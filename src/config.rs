@@ -137,7 +137,7 @@ pub struct Config {
     /// may hand the lock to another task of this client without a round trip, when that task
     /// waits for it or asks for it right after the release ([`Config::defer_release`]). The
     /// hold in Redis stays as it was (under the first task's owner and token); the new guard
-    /// gets a token above its predecessor's, the rest of its lease (topped up later, like a
+    /// gets the token one above its predecessor's, the rest of its lease (topped up later, like a
     /// short grant), and the same [`lost`](crate::LockGuard::lost) watch. Such hand-overs stop
     /// a while after the hold was last written in Redis: half the
     /// [`Config::handover_limit`] when nobody else waited then, else one and a half limits

@@ -266,10 +266,6 @@ pub(crate) struct RedisHold {
     /// hand-overs within the process stop a while after it, and a release script looks at the
     /// Redis queue again.
     pub(crate) written_at: Instant,
-    /// When the reply that wrote it was read: the server's clock had passed `token` µs by then
-    /// (tokens follow the server clock, `lua/lib/hold.lua`), so `token` plus the time since is
-    /// not ahead of the server's clock.
-    pub(crate) read_at: Instant,
     /// About how many waiters of other clients were queued in Redis when it was written.
     pub(crate) queued: u32,
 }
@@ -428,7 +424,6 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
             owner: owner.clone(),
             token,
             written_at: sent_at,
-            read_at: Instant::now(),
             queued,
         });
         let key = hold_key(lock.hold_role(), owner.id(), lock.keys().id());

@@ -775,3 +775,55 @@ async fn a_hold_handed_on_within_the_process_is_renewed_and_lost_as_its_redis_ho
         shutdown(&b).await;
     }
 }
+
+/// A hold handed on within the process takes the token one above its predecessor's, not the
+/// server clock: when the hold in Redis went away unbeknown to the client (here a forced unlock
+/// by another client, which then takes the lock), the task handed the hold gets a token below
+/// the new holder's, so a resource that checks tokens fences it out; its release leaves the
+/// other client's hold alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_handed_on_after_its_redis_hold_went_away_is_fenced_out() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let mut config_a = config(&server, "withingone", mode);
+        config_a.handover_limit = Duration::from_secs(10);
+        let a = connect(config_a).await;
+        let b = connect(config(&server, "withingone", mode)).await;
+        let mutex = a.mutex(NAME).unwrap();
+
+        let first = bounded("the first task locks", mutex.lock()).await.unwrap();
+        let second = {
+            let mutex = mutex.clone();
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        eventually("the second task waits", || a.stats().waiting == 1).await;
+        let rival = b.mutex(NAME).unwrap();
+        assert!(rival.force_unlock().await.unwrap(), "{mode:?}");
+        let taken = bounded("the other client locks", rival.lock())
+            .await
+            .unwrap();
+
+        // A has not heard of it (no renewal is due yet): the release hands the hold on.
+        let handed_before = a.stats().handed_locally;
+        first.unlock().await.unwrap();
+        let second = joined("the second task is handed the hold", second)
+            .await
+            .unwrap();
+        assert_eq!(a.stats().handed_locally, handed_before + 1, "{mode:?}");
+        assert!(
+            second.fencing_token() < taken.fencing_token(),
+            "{mode:?}: a hold that was gone got a token above its new holder's"
+        );
+        // Its release (deferred: it was contended) finds the lock the other client's, and
+        // leaves it so.
+        second.unlock().await.unwrap();
+        eventually("the release is sent", || a.stats().deferred_releases == 0).await;
+        let hold_key = find_hold(&server, &prefix("withingone", mode), "mutex", NAME).unwrap();
+        let holder = hold_owner(&server, &hold_key);
+        assert_eq!(holder.as_deref(), Some(taken.owner().id()), "{mode:?}");
+        taken.unlock().await.unwrap();
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}

@@ -12,11 +12,11 @@
 //!   their holds, so the owner id under which Redis keeps the hold (the first task's) is
 //!   presented by no other acquisition. (An owner id copied from such a guard and presented
 //!   after its release would re-enter the hold it was handed on to: do not reuse them.)
-//! * **Tokens.** Each hand-over draws a token above its predecessor's and not behind the
-//!   server's clock as this client knows it (the Redis hold's token plus the time since its
-//!   reply was read), as a hand-over by script would. The release that finally leaves the
-//!   hold in Redis names the last of them, and the lock's next token goes above it
-//!   (`lua/hold_release.lua`, `floor`).
+//! * **Tokens.** Each hand-over takes the token one above its predecessor's. The release that
+//!   finally leaves the hold in Redis names the last of them, and the lock's next token goes
+//!   above it (`lua/hold_release.lua`, `floor`). If the hold in Redis went away meanwhile (a
+//!   forced unlock, a data loss), whoever takes the lock there draws a token from the server
+//!   clock, above these: a task handed a hold that was gone is fenced out like any old holder.
 //! * **Lease.** The new hold has what is left of the Redis hold's lease (at least half of its
 //!   own), and is topped up to its full lease by the watchdog a third into that, like a short
 //!   grant; renewals and a lost hold concern the Redis hold, so every guard on it hears of them.
@@ -71,7 +71,7 @@ pub(crate) fn hand_over(
         return None;
     }
     Some(HandedOver {
-        token: next_token(hold, now),
+        token: next_token(hold),
         at: now,
         queued: hold.redis.queued,
         within: Some((lasts, hold.redis.clone())),
@@ -91,13 +91,14 @@ fn window(limit: Duration, queued: u32) -> Duration {
     (limit * 3 / 2 / queued.saturating_add(1)).min(half)
 }
 
-/// The token of a hold handed on from `hold` at `now`: above `hold`'s, and not ahead of the
-/// server's clock as far as this client knows it.
-fn next_token(hold: &DriverHold, now: Instant) -> u64 {
-    let since = now
-        .saturating_duration_since(hold.redis.read_at)
-        .as_micros() as u64;
-    (hold.token + 1).max(hold.redis.token.saturating_add(since))
+/// The token of a hold handed on from `hold`: one above `hold`'s. Not the server's clock: the
+/// hold in Redis may be gone without this client knowing yet (a forced unlock, a data loss),
+/// and whoever takes the lock in Redis then draws a token from the clock, which is above
+/// every token counted up from this one since it was written (each hand-over takes longer
+/// than a µs). So a holder handed a hold that was no longer there is fenced out, as an old
+/// holder is.
+fn next_token(hold: &DriverHold) -> u64 {
+    hold.token + 1
 }
 
 /// Takes the deferred release of `driver`'s lock over without a call, for an acquisition of
