@@ -665,6 +665,49 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
     }
 }
 
+/// Client A, whose handles hand the lock on within the process (with a window a loaded machine
+/// does not outlast; `adjust` changes more of its configuration), and client B, on one server.
+async fn clients_within(
+    server: &RedisServer,
+    test: &str,
+    mode: NotificationMode,
+    adjust: impl FnOnce(&mut Config),
+) -> (LockClient, LockClient) {
+    let mut config_a = config(server, test, mode);
+    config_a.handover_limit = Duration::from_secs(10);
+    adjust(&mut config_a);
+    (
+        connect(config_a).await,
+        connect(config(server, test, mode)).await,
+    )
+}
+
+/// A second task of `client` that waits, locally, for `mutex`, which the first task holds.
+async fn second_task(
+    client: &LockClient,
+    mutex: &fredlock::Mutex,
+) -> JoinHandle<Result<MutexGuard>> {
+    let mutex = mutex.clone();
+    let task = tokio::spawn(async move { mutex.lock().await });
+    eventually("the second task waits", || client.stats().waiting == 1).await;
+    task
+}
+
+/// The first task's release hands the hold on to the second task without a call.
+async fn hand_on(
+    client: &LockClient,
+    first: MutexGuard,
+    second: JoinHandle<Result<MutexGuard>>,
+) -> MutexGuard {
+    let handed_before = client.stats().handed_locally;
+    first.unlock().await.unwrap();
+    let second = joined("the second task is handed the hold", second)
+        .await
+        .unwrap();
+    assert_eq!(client.stats().handed_locally, handed_before + 1);
+    second
+}
+
 /// Tasks of one client taking turns on a barging mutex through a handle without an owner pass
 /// the hold on without a call (`Config::local_handover`, `src/engine/cohort.rs`): the hold in
 /// Redis stays the first task's, each guard gets a token above the one before, another client
@@ -676,11 +719,7 @@ async fn tasks_of_one_client_hand_the_hold_on_without_a_call() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let mut config_a = config(&server, "within", mode);
-        // A window (half the limit) that a loaded machine does not outlast.
-        config_a.handover_limit = Duration::from_secs(10);
-        let a = connect(config_a).await;
-        let b = connect(config(&server, "within", mode)).await;
+        let (a, b) = clients_within(&server, "within", mode, |_| {}).await;
         let mutex = a.mutex(NAME).unwrap();
         let rival = b.mutex(NAME).unwrap();
 
@@ -741,26 +780,14 @@ async fn a_hold_handed_on_within_the_process_is_renewed_and_lost_as_its_redis_ho
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let mut config_a = config(&server, "withinlease", mode);
-        config_a.handover_limit = Duration::from_secs(10);
-        config_a.watchdog_lease = Duration::from_secs(2);
-        let a = connect(config_a).await;
-        let b = connect(config(&server, "withinlease", mode)).await;
+        let lease = |config: &mut Config| config.watchdog_lease = Duration::from_secs(2);
+        let (a, b) = clients_within(&server, "withinlease", mode, lease).await;
         let mutex = a.mutex(NAME).unwrap();
 
         let first = bounded("the first task locks", mutex.lock()).await.unwrap();
         let hold_key = find_hold(&server, &prefix("withinlease", mode), "mutex", NAME).unwrap();
-        let second = {
-            let mutex = mutex.clone();
-            tokio::spawn(async move { mutex.lock().await })
-        };
-        eventually("the second task waits", || a.stats().waiting == 1).await;
-        let handed_before = a.stats().handed_locally;
-        first.unlock().await.unwrap();
-        let second = joined("the second task is handed the lock", second)
-            .await
-            .unwrap();
-        assert_eq!(a.stats().handed_locally, handed_before + 1, "{mode:?}");
+        let second = second_task(&a, &mutex).await;
+        let second = hand_on(&a, first, second).await;
 
         // Past a lease and a half: renewed under the first task's hold in Redis.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -786,18 +813,11 @@ async fn a_hold_handed_on_after_its_redis_hold_went_away_is_fenced_out() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
-        let mut config_a = config(&server, "withingone", mode);
-        config_a.handover_limit = Duration::from_secs(10);
-        let a = connect(config_a).await;
-        let b = connect(config(&server, "withingone", mode)).await;
+        let (a, b) = clients_within(&server, "withingone", mode, |_| {}).await;
         let mutex = a.mutex(NAME).unwrap();
 
         let first = bounded("the first task locks", mutex.lock()).await.unwrap();
-        let second = {
-            let mutex = mutex.clone();
-            tokio::spawn(async move { mutex.lock().await })
-        };
-        eventually("the second task waits", || a.stats().waiting == 1).await;
+        let second = second_task(&a, &mutex).await;
         let rival = b.mutex(NAME).unwrap();
         assert!(rival.force_unlock().await.unwrap(), "{mode:?}");
         let taken = bounded("the other client locks", rival.lock())
@@ -805,12 +825,7 @@ async fn a_hold_handed_on_after_its_redis_hold_went_away_is_fenced_out() {
             .unwrap();
 
         // A has not heard of it (no renewal is due yet): the release hands the hold on.
-        let handed_before = a.stats().handed_locally;
-        first.unlock().await.unwrap();
-        let second = joined("the second task is handed the hold", second)
-            .await
-            .unwrap();
-        assert_eq!(a.stats().handed_locally, handed_before + 1, "{mode:?}");
+        let second = hand_on(&a, first, second).await;
         assert!(
             second.fencing_token() < taken.fencing_token(),
             "{mode:?}: a hold that was gone got a token above its new holder's"

@@ -31,14 +31,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::release::release_in_redis;
+use super::release::{release_in_redis, DEFER_MIN_LEFT};
 use super::{Driver, DriverHold};
 use crate::lease::Lease;
 use crate::notify::HandedOver;
 use crate::owner::{op_id, Owner};
-
-/// A hold is handed on only with at least this much of its lease left.
-const MIN_LEFT: Duration = Duration::from_millis(200);
 
 /// The hand-over of `hold` to the acquisition `waiter` of `owner` asking for a lease of
 /// `initial`, if it may happen without a call (see the module docs); None: it takes a release
@@ -67,7 +64,7 @@ pub(crate) fn hand_over(
     let window = window(config.handover_limit, hold.redis.queued);
     let left = hold.deadline().saturating_duration_since(now);
     let lasts = left.min(initial);
-    if now >= hold.redis.written_at + window || left < MIN_LEFT || lasts < initial / 2 {
+    if now >= hold.redis.written_at + window || left < DEFER_MIN_LEFT || lasts < initial / 2 {
         return None;
     }
     Some(HandedOver {

@@ -44,9 +44,9 @@ use crate::error::{Backoff, NotHeldReason, Result};
 use crate::notify::{Bid, Claim, HandedOver, WakeRule};
 use crate::owner::{op_id, Owner};
 
-/// A hold is deferred only with at least this much of its lease left: the release that ends
-/// it must run well before Redis would drop it by itself.
-const DEFER_MIN_LEFT: Duration = Duration::from_millis(200);
+/// A hold is deferred, or handed on without a call (`cohort`), only with at least this much of
+/// its lease left: the release that ends it must run well before Redis would drop it by itself.
+pub(super) const DEFER_MIN_LEFT: Duration = Duration::from_millis(200);
 
 /// How long an acquisition that asked for a parked hold waits for the hold's task to start
 /// sending the take-over (it starts as soon as the releasing task yields) before it sends the
