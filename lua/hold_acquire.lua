@@ -2,7 +2,7 @@
 -- Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
--- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[2] queue    the lock's wait queue (see lib/hold.lua)
 -- KEYS[3] fence    the shard's fence key (lib/fence.lua), read only for a lock with no hash
 -- ARGV[1] owner    owner id
 -- ARGV[2] lease    lease in ms (> 0)
@@ -16,10 +16,7 @@
 --                  the lock no longer than that); -1: when busy, the waiter joins the queue to
 --                  be woken, never granted (a Redlock round)
 -- ARGV[6] inbox    the inbox tag of the caller's client (where a grant is sent)
--- ARGV[7] stamp    "1": a queued waiter's line carries the server time it queued at (a barging
---                  mutex: the bound of its hand-overs, hold_release.lua); "0": it carries 0 (a
---                  fair lock never hands over, and saves the clock read)
--- ARGV[8] fence    the fence argument "<0|1><layout>" (lib/fence.lua)
+-- ARGV[7] fence    the fence argument "<0|1><layout>" (lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {1, fencing token, hold count, remaining ms} when a release had already granted or
@@ -29,38 +26,51 @@
 --           and the holder's token (a grant read later with a token not above it is older
 --           than this reply),
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
---         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold or the fence
---         key holds a foreign value.
-local hold, fence = KEYS[1], KEYS[3]
+--         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold, the queue
+--         or the fence key holds a foreign value.
+local hold, queue, fence = KEYS[1], KEYS[2], KEYS[3]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local waiter_lease, inbox, stamp, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8]
+local waiter_lease, inbox, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 
 local fields = fl_hold_read(hold)
 local current = fields[1]
 if current and waiter ~= '' and fields[8] == waiter then
   return {1, tonumber(fields[3]), tonumber(fields[2]), redis.call('PTTL', hold)}
 end
+-- The waiter's queue member: the same on every attempt of this acquisition.
+local grant_ms = math.max(math.min(lease, waiter_lease), 0)
+local member = waiter_lease ~= 0 and fl_queue_member(waiter, inbox, owner, ARGV[2], grant_ms)
 if current == owner then
   -- Another task of this owner holds it (a grant to a waiter of the same owner, say): this
   -- waiter re-enters, and must not stay queued for a grant it would never take up.
-  local queue, queued = fl_queue_without(fields[7], waiter)
+  local count, queued = fl_queue_remove(queue, fl_queue_count(fields), member)
   if queued then
-    redis.call('HSET', hold, 'q', queue)
+    redis.call('HSET', hold, 'q', count)
+    fields[7] = count
   end
-  return fl_reenter(hold, fields, owner, op, lease)
+  return fl_reenter(hold, queue, fields, owner, op, lease)
 end
 if not current then
+  -- No hash: a queue may have outlived its hold (lib/hold.lua). ZCARD, a typed read, refuses a
+  -- foreign value there before anything changes; the queue goes after the hold is written (a
+  -- write refused for want of memory is then the first), and its waiters queue again when
+  -- they look.
+  local left_behind = not fields[3] and fl_queue_call(queue, 'ZCARD') > 0
   local token, refusal = fl_hold_token(fields, fence, fence_arg)
   if not token then
     return redis.error_reply(refusal)
   end
-  fl_hold_write(hold, fields, owner, token, ARGV[2], op, fields[6], '', '')
+  fl_hold_write(hold, queue, fields, owner, token, ARGV[2], op, fields[6], '', '')
+  if left_behind then
+    redis.call('DEL', queue)
+  end
   return {1, tonumber(token), 1}
 end
 
-if waiter_lease ~= 0 and not fl_queue_find(fields[7], waiter) then
-  local lasts = math.max(math.min(lease, waiter_lease), 0)
-  local line = fl_queue_line(waiter, inbox, owner, lease, lasts, stamp ~= '1' and 0 or nil)
-  redis.call('HSET', hold, 'q', (fields[7] or '') .. line)
+if member then
+  local count = fl_queue_join(queue, fields, member, fl_now_us())
+  if count ~= fl_queue_count(fields) then
+    redis.call('HSET', hold, 'q', count)
+  end
 end
 return {0, tonumber(fields[4]) or lease, tonumber(fields[3])}

@@ -7,23 +7,26 @@
 -- expires with it. The client runs this every third of `waiter_lease` while it has waiters
 -- queued, and wakes those whose place is gone, so they try again at once.
 --
--- A batch script (lua/README.md): one key per lock.
--- KEYS[i] hold     the i-th lock's hash (see lib/hold.lua)
+-- A batch script (lua/README.md): two keys per lock.
+-- KEYS[2i-1] hold  the i-th lock's hash (see lib/hold.lua)
+-- KEYS[2i] queue   the i-th lock's wait queue
 -- ARGV             for each lock i: the number n of waiter ids, then the n waiter ids
 --
 -- Returns one code per waiter id, in order: 1 queued, or granted the lock (field g is its id);
 -- 0 neither (it must try again),
---         a WRONGTYPE error when a hold key holds a foreign value.
+--         a WRONGTYPE error when a hold or a queue key holds a foreign value.
 local codes = {}
 local arg = 1
-for _, hold in ipairs(KEYS) do
-  local fields = fl_hold_read(hold)
+for i = 1, #KEYS, 2 do
+  local queue = KEYS[i + 1]
+  local fields = fl_hold_read(KEYS[i])
+  local count = fl_queue_count(fields)
   local n = tonumber(ARGV[arg])
   arg = arg + 1
   for _ = 1, n do
     local id = ARGV[arg]
     arg = arg + 1
-    if (fields[1] and fields[8] == id) or fl_queue_find(fields[7], id) then
+    if (fields[1] and fields[8] == id) or fl_queue_find(queue, count, id) then
       codes[#codes + 1] = 1
     else
       codes[#codes + 1] = 0

@@ -5,7 +5,7 @@
 -- Uses lib/fence.lua, lib/notify.lua and lib/hold.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
--- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[2] queue    the lock's wait queue (see lib/hold.lua)
 -- KEYS[3] fence    unused (a hand-over or grant continues the hold's token)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
@@ -41,15 +41,16 @@
 -- Returns {1, holds left} when released (0: freed, or granted to the first waiter),
 --         {1, 0, token, queued} when the lock was handed to the successor with this fencing
 --           token (also when this call is a retry of a release that did so); queued is about
---           how many waiters stay queued behind it (lib/hold.lua fl_queued_count),
+--           how many waiters stay queued behind it,
 --         {2, bound ms, token} when the lock went to the queue and the successor (ARGV[14]
 --           set) joined the queue: the granted holder's bound and token, as in
 --           hold_acquire's busy reply (also to a retry, while the successor is queued: the
 --           current holder's),
 --         {0, 0} when the lock is not held (expired or released),
 --         {-1, 0} when another owner (or a newer hold of this owner) holds it,
---         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
-local hold, events = KEYS[1], KEYS[4]
+--         a WRONGTYPE error (and no change) when the hold or the queue key holds a foreign
+--           value.
+local hold, queue, events = KEYS[1], KEYS[2], KEYS[4]
 local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local mode, lock_id = ARGV[6], ARGV[8]
 local successor, successor_waiter = ARGV[9] or '', ARGV[10] or ''
@@ -59,14 +60,20 @@ local successor_inbox, successor_queues = ARGV[13] or '', ARGV[14] or ''
 
 local fields = fl_hold_read(hold)
 local current, count = fields[1], tonumber(fields[2])
+local queued = fl_queue_count(fields)
 if fields[5] == op then
   return {1, count or 0}
 end
+-- The member under which a successor that asks by this call (a take-over) joins the queue,
+-- as its own attempts would (hold_acquire.lua).
+local joins = successor ~= '' and successor_queues ~= '' and
+  fl_queue_member(successor_waiter, successor_inbox, successor, ARGV[11],
+    math.max(math.min(successor_lease, tonumber(successor_queues)), 0))
 if fl_chain_has(fields[6], op) then
   if successor_waiter ~= '' and fields[8] == successor_waiter then
-    return {1, 0, tonumber(fields[3]), fl_queued_count(fields[7])}
+    return {1, 0, tonumber(fields[3]), queued}
   end
-  if current and successor_queues ~= '' and fl_queue_find(fields[7], successor_waiter) then
+  if current and joins and queued > 0 and fl_queue_call(queue, 'ZSCORE', joins) then
     -- It granted the lock to the queue and queued the successor (a take-over), which waits.
     return {2, tonumber(fields[4]) or 0, tonumber(fields[3])}
   end
@@ -92,29 +99,25 @@ end
 
 local freed_by = fl_freed_chain(op, fields[6])
 
--- handed: whether the successor takes the hold over, with the queue left as it is (false) or
--- emptied (''); nil: no hand-over. Straight-line code, not a closure: a closure over this
+-- handed: whether the successor takes the hold over, with the queue as it is (false) or
+-- emptied (true); nil: no hand-over. Straight-line code, not a closure: a closure over this
 -- many locals costs the server more than the code it would share.
 local now, handed
 -- The hold as the hand-over writes over it: as read, unless a grant wrote it meanwhile.
 local written = fields
 if successor ~= '' then
   now = fl_now_us()
-  local waited = fl_queue_head_wait(fields[7], now, successor_waiter)
+  local waited = fl_queue_head_wait(queue, queued, now, successor_waiter)
   if waited < limit or (fields[9] == '1' and waited < 2 * limit) then
     handed = false
   end
 end
 if handed == nil then
   -- A successor asking by this call (a take-over) queues behind the waiter granted the lock.
-  local joins = successor ~= '' and successor_queues ~= '' and
-    not fl_queue_find(fields[7], successor_waiter)
-  local tail = joins and fl_queue_line(successor_waiter, successor_inbox, successor,
-    successor_lease, math.max(math.min(successor_lease, tonumber(successor_queues)), 0), now)
   local granted, _, granted_token, granted_ms =
-    fl_grant_next(hold, fields, fields[7] or '', freed_by, events, mode, lock_id, now, tail)
+    fl_grant_next(hold, queue, fields, freed_by, events, mode, lock_id, now, joins or nil)
   if granted then
-    if successor ~= '' and successor_queues ~= '' then
+    if joins then
       return {2, granted_ms, tonumber(granted_token)}
     end
     return {1, 0}
@@ -125,13 +128,14 @@ if handed == nil then
   end
   -- The queue had nobody left to grant (dead clients, waiters only woken): the successor
   -- takes the lock rather than leave it free, over what a failed grant may have written.
-  handed, written = '', {}
+  handed, written, queued = true, {}, 0
 end
-local queue, queued = fl_queue_without(handed or fields[7], successor_waiter)
-if handed == false and not queued then
-  queue = nil
-end
+-- The successor leaves the queue if it is there: a task of this process that waits already
+-- may have queued, and a take-over re-sent after a broken connection may have queued already.
+local left = fl_queue_remove(queue, queued,
+  joins or fl_queue_find(queue, queued, successor_waiter))
 local next_token, token_number = fl_token_after(tonumber(fields[3]), now)
-fl_hold_write(hold, written, successor, next_token, ARGV[11], successor_waiter, freed_by, queue,
-  successor_waiter)
-return {1, 0, token_number, fl_queued_count(queue or fields[7])}
+local q = (handed or left ~= queued) and left or nil
+fl_hold_write(hold, queue, written, successor, next_token, ARGV[11], successor_waiter, freed_by,
+  q, successor_waiter)
+return {1, 0, token_number, left}

@@ -3,21 +3,24 @@
 -- the bound the lock's waiters are given.
 --
 -- A batch script (lua/README.md): one group of keys per hold.
--- KEYS[i]         hold hash of the i-th lock
+-- KEYS[2i-1] hold  hold hash of the i-th lock
+-- KEYS[2i] queue   its wait queue (lib/hold.lua), whose ttl follows the hold's
 -- ARGV[1] lease   lease in ms: each renewed hold expires this long from now; 0 checks the
 --                 holds without renewing them (after the client saw signs of a data loss)
 -- ARGV[2i], ARGV[2i+1]   owner id and fencing token of the i-th hold
 --
--- Returns an array with one code per key:
+-- Returns an array with one code per hold:
 --   1 renewed (or, with lease 0, held), 0 the key is gone (expired or deleted), -1 another owner holds it,
 --  -2 the same owner holds it under a newer fencing token (this hold was lost meanwhile).
-for _, key in ipairs(KEYS) do
-  fl_expect(key, 'hash')
+for i = 1, #KEYS, 2 do
+  fl_expect(KEYS[i], 'hash')
+  fl_expect(KEYS[i + 1], 'zset')
 end
 local lease = tonumber(ARGV[1])
 local codes = {}
-for i, hold in ipairs(KEYS) do
-  local fields = redis.call('HMGET', hold, 'o', 'f')
+for i = 1, #KEYS / 2 do
+  local hold, queue = KEYS[2 * i - 1], KEYS[2 * i]
+  local fields = redis.call('HMGET', hold, 'o', 'f', 'q')
   local owner, token = ARGV[2 * i], ARGV[2 * i + 1]
   if not fields[1] or fields[1] == '' then
     codes[i] = 0
@@ -27,8 +30,9 @@ for i, hold in ipairs(KEYS) do
     codes[i] = -2
   else
     if lease > 0 then
-      redis.call('HSET', hold, 'l', lease)
-      redis.call('PEXPIRE', hold, lease)
+      redis.call('HSET', hold, 'l', ARGV[1])
+      redis.call('PEXPIRE', hold, ARGV[1])
+      fl_queue_expire(queue, tonumber(fields[3]) or 0, ARGV[1])
     end
     codes[i] = 1
   end

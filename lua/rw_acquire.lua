@@ -9,7 +9,7 @@
 -- holds lapsed) is first granted to them (lib/rw.lua), and the caller queues behind.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
 -- KEYS[3] fence    the shard's fence key (lib/fence.lua), read only for a lock with no hash
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
@@ -55,7 +55,7 @@ local writing = side == 'write'
 local q, queue_writer = fl_rw_live(fields[7], now_ms)
 if not state.writer and q ~= '' then
   local reader_head = string.byte(q, 1) == 114
-  local own_head = fl_queue_find(q, waiter) == 1
+  local own_head = fl_rw_find(q, waiter) == 1
   if reader_head or (state.readers == 0 and not (writing and own_head)) then
     fl_rw_grant(hold, fields[3] or '0', q, state, now_us, fields[6] or '', events, mode,
       lock_id, nil, window)
@@ -87,7 +87,7 @@ if writing and mine then
   return {-2}
 end
 
-local queue, queued = fl_queue_without(q, waiter)
+local queue, queued = fl_rw_without(q, waiter)
 local lease_end = now_ms + lease
 
 -- Re-entry (and a downgrade): the owner's own hold grows by one level, and its queue line, if
@@ -117,7 +117,7 @@ end
 local takes
 if writing then
   takes = not state.writer and state.readers == 0 and (queue == '' or
-    fl_queue_find(q, waiter) == 1)
+    fl_rw_find(q, waiter) == 1)
 else
   takes = not state.writer and not queue_writer
 end

@@ -3,7 +3,7 @@
 -- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
 -- KEYS[3] fence    unused (kept for the canonical order)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1..4]       unused (the call section of an acquisition, lua/README.md)

@@ -37,7 +37,7 @@ for i, hold in ipairs(KEYS) do
   for _ = 1, n do
     local id = ARGV[arg]
     arg = arg + 1
-    local from, to = fl_queue_find(moved, id)
+    local from, to = fl_rw_find(moved, id)
     if from then
       local line = string.sub(moved, from, to)
       local head = string.match(line, '^(.* )%d+\n$')

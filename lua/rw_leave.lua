@@ -4,7 +4,7 @@
 -- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
 -- KEYS[3] fence    unused (kept for the canonical order)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1..3]       unused (the call section of an acquisition, lua/README.md)
@@ -20,7 +20,7 @@ local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[
 local fields = fl_rw_read(hold)
 local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
-local q, queued = fl_queue_without(fields[7], waiter)
+local q, queued = fl_rw_without(fields[7], waiter)
 local state = fl_rw_state(fields, now_ms, '')
 
 -- A read hold granted under this waiter id (its line names the waiter in the last column).

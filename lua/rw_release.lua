@@ -9,7 +9,7 @@
 -- queue and the successor joins its tail in the same call, as a busy rw_acquire would.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] marker   unused (kept for the canonical order)
+-- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
 -- KEYS[3] fence    unused (a grant or hand-over continues the lock's token)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
@@ -103,9 +103,9 @@ if fields[5] == op then
 end
 if fl_chain_has(fields[6], op) then
   if successor_waiter ~= '' and state.writer and fields[8] == successor_waiter then
-    return {1, 0, tonumber(fields[3]), fl_queued_count(q)}
+    return {1, 0, tonumber(fields[3]), fl_rw_queued(q)}
   end
-  if successor_queues ~= '' and fl_queue_find(q, successor_waiter) then
+  if successor_queues ~= '' and fl_rw_find(q, successor_waiter) then
     return queued_reply()
   end
   return {1, 0}
@@ -147,7 +147,7 @@ if q == '' and state.readers == 0 then
   return hand_over()
 end
 local tail
-if successor_queues ~= '' and not fl_queue_find(q, successor_waiter) then
+if successor_queues ~= '' and not fl_rw_find(q, successor_waiter) then
   local waiter_lease = tonumber(successor_queues)
   local lasts = math.max(math.min(successor_lease, waiter_lease), 0)
   tail = fl_rw_queue_line(successor_waiter, successor_inbox, successor, successor_lease, lasts,
@@ -158,7 +158,7 @@ if not granted and state.readers == 0 and (left == '' or left == tail) then
   -- Nobody in line could be granted it (their clients are gone): the successor takes it.
   return hand_over()
 end
-if tail or fl_queue_find(left, successor_waiter) then
+if tail or fl_rw_find(left, successor_waiter) then
   return queued_reply()
 end
 return {1, 0}

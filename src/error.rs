@@ -125,14 +125,19 @@ pub enum Error {
 }
 
 impl Error {
-    /// Classifies a fred error; `lock` and `key` name the lock and key for `WRONGTYPE`.
+    /// Classifies a fred error; `lock` and `key` name the lock and key for `WRONGTYPE`, unless
+    /// the error names the key itself (a script's check: "fredlock key <key> holds ...").
     pub(crate) fn from_redis(err: fred::error::Error, lock: &str, key: &str) -> Error {
         use fred::error::ErrorKind;
         let details = err.details();
         if details.contains("WRONGTYPE") || details.contains("not an integer") {
+            let named = details
+                .split_once("fredlock key ")
+                .and_then(|(_, rest)| rest.split_once(" holds "))
+                .map(|(named, _)| named);
             return Error::WrongType {
                 lock: lock.to_owned(),
-                key: key.to_owned(),
+                key: named.unwrap_or(key).to_owned(),
             };
         }
         if details.contains("NOPERM") {
@@ -318,6 +323,25 @@ mod tests {
         ] {
             assert!(!fatal.is_retryable(), "{fatal:?}");
         }
+    }
+
+    #[test]
+    fn a_wrongtype_names_the_key_the_script_names_else_the_callers() {
+        let key_of = |details: &'static str| match redis(ErrorKind::Unknown, details) {
+            Error::WrongType { key, .. } => key,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            key_of(
+                "ERR user_script:9: WRONGTYPE fredlock key {p:0}:mutex.wait:a holds a list, \
+                 expected a zset script: 5e4c…"
+            ),
+            "{p:0}:mutex.wait:a"
+        );
+        assert_eq!(
+            key_of("WRONGTYPE Operation against a key holding the wrong kind of value"),
+            "key"
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ use crate::keys::Keyspace;
 
 /// Version of the key layout; part of the record, so clients of another layout version are
 /// refused too.
-const VERSION: &str = "v9";
+const VERSION: &str = "v10";
 
 /// One client's layout and what it knows of the server's.
 #[derive(Debug)]

@@ -35,6 +35,9 @@ use crate::scripts::{int_array, Script, ScriptKeys, SCRIPTS};
 pub(crate) trait RedisQueue: Send + Sync + 'static {
     /// This lock's script keys: its kind and its group in the batched heartbeat.
     fn queue_keys(&self) -> ScriptKeys<'_>;
+    /// The keys the heartbeat script reads for this lock (`lua/hold_heartbeat.lua`,
+    /// `lua/rw_heartbeat.lua`).
+    fn place_keys(&self) -> Vec<String>;
     /// Leaves the Redis-side wait queue after a timeout or cancellation.
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>>;
 }
@@ -141,7 +144,7 @@ async fn check_places(
     };
     let mut keys = Vec::with_capacity(locks.len());
     for (lock, waiters) in &locks {
-        keys.push(lock.queue_keys().lock().key(""));
+        keys.extend(lock.place_keys());
         args.push((waiters.len() as i64).into());
         args.extend(waiters.iter().map(|w| Value::from(w.as_ref())));
     }

@@ -216,7 +216,7 @@ scripts! {
     rw_renew: [FENCE, NOTIFY, HOLD, RW],
     rw_inspect: [FENCE, NOTIFY, HOLD, RW],
     rw_force_unlock: [FENCE, NOTIFY, HOLD, RW],
-    hold_renew: [],
+    hold_renew: [HOLD],
     hold_inspect: [],
 }
 
@@ -227,9 +227,9 @@ scripts! {
 pub(crate) enum Key {
     /// The lock's hash.
     Hold = 1,
-    /// A key of the lock that no script touches, passed so that every later role keeps its
-    /// position (`lua/README.md`).
-    Marker = 2,
+    /// The wait queue of an exclusive lock (a sorted set); passed unused to the read-write
+    /// lock's scripts, which keep their queue in the hash (`lua/README.md`).
+    Queue = 2,
     /// The shard's fence key.
     Fence = 3,
     /// The shard's event stream or channel, the base name of the clients' inboxes.
@@ -238,11 +238,11 @@ pub(crate) enum Key {
 
 impl Key {
     /// Every role, in the canonical order.
-    const ALL: [Key; 4] = [Key::Hold, Key::Marker, Key::Fence, Key::Events];
+    const ALL: [Key; 4] = [Key::Hold, Key::Queue, Key::Fence, Key::Events];
 }
 
-/// The name of the [`Key::Marker`] key of a lock (never created: no script touches it).
-const MARKER: &str = "wait";
+/// The name of the [`Key::Queue`] key of a lock.
+const QUEUE: &str = "wait";
 
 /// The KEYS of one lock's scripts, in the canonical order: the one place that orders them.
 /// Key names are built per call (a lock handle stays small; a call allocates its keys anyway).
@@ -265,7 +265,7 @@ impl<'a> ScriptKeys<'a> {
     fn key(&self, role: Key) -> String {
         match role {
             Key::Hold => self.lock.key(""),
-            Key::Marker => self.lock.key(MARKER),
+            Key::Queue => self.lock.key(QUEUE),
             Key::Fence => self.lock.fence().to_owned(),
             Key::Events => self.lock.events().to_owned(),
         }
@@ -443,7 +443,7 @@ mod tests {
     /// Position of each KEYS role name a header may use (`lua/README.md`).
     const KEY_NAMES: &[(&str, Key)] = &[
         ("hold", Key::Hold),
-        ("marker", Key::Marker),
+        ("queue", Key::Queue),
         ("fence", Key::Fence),
         ("events", Key::Events),
     ];

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use fredlock::{Config, Lease, LockClient, NotificationMode};
 use support::{
-    emit_result, hold_owner, init_tracing, is_worker, queued_waiters, spawn_worker_handle,
-    worker_param, RedisServer, Resp, RespConn,
+    emit_result, hold_owner, init_tracing, is_worker, queue_key, queue_members, queued_waiters,
+    spawn_worker_handle, worker_param, RedisServer, Resp, RespConn,
 };
 use support::{eventually, parse_mode, take_over_deferred, HANG, MODES};
 
@@ -32,14 +32,10 @@ fn hold_key(prefix: &str, name: &str) -> String {
 
 /// The queue of fair lock `name`: (waiter id, inbox tag) per waiter, in queue order.
 fn queue_lines(server: &RedisServer, prefix: &str, name: &str) -> Vec<(String, String)> {
-    let queue = server
-        .cmd(&["HGET", &hold_key(prefix, name), "q"])
-        .as_str()
-        .unwrap_or_default();
-    queue
-        .lines()
-        .map(|line| {
-            let mut fields = line.split(' ');
+    queue_members(server, &hold_key(prefix, name))
+        .into_iter()
+        .map(|(member, _)| {
+            let mut fields = member.split(' ');
             let waiter = fields.next().expect("waiter id").to_owned();
             let inbox = fields.next().expect("inbox tag").to_owned();
             (waiter, inbox)
@@ -175,7 +171,7 @@ fn command(name: &'static str) -> fred::types::CustomCommand {
 
 /// 4 tasks loop on one fair lock: non-atomic counter increment, and the holder order logged.
 async fn loop_worker(locks: &LockClient, _port: u16, proc_id: usize) {
-    use fred::interfaces::{ClientLike, HashesInterface, KeysInterface};
+    use fred::interfaces::{ClientLike, KeysInterface};
     let mut tasks = Vec::new();
     let hold = hold_key(&locks.config().key_prefix, "loop");
     for task in 0..LOOP_TASKS {
@@ -197,14 +193,18 @@ async fn loop_worker(locks: &LockClient, _port: u16, proc_id: usize) {
                     .set("loop-counter", value.unwrap_or(0) + 1, None, None, false)
                     .await
                     .expect("SET");
-                // The queue as the holder sees it (the waiter ids of field `q` of the lock's
-                // hash), for the FIFO check.
-                let queue: Option<String> = redis.hget(&hold, "q").await.expect("HGET");
+                // The queue as the holder sees it (the waiter ids of the lock's queue), for the
+                // FIFO check.
+                let queue: Vec<String> = redis
+                    .custom(
+                        command("ZRANGE"),
+                        vec![queue_key(&hold), "0".to_owned(), "-1".to_owned()],
+                    )
+                    .await
+                    .expect("ZRANGE");
                 let queue: Vec<&str> = queue
-                    .as_deref()
-                    .unwrap_or_default()
-                    .lines()
-                    .filter_map(|line| line.split(' ').next())
+                    .iter()
+                    .filter_map(|member| member.split(' ').next())
                     .collect();
                 let _: i64 = redis
                     .custom(

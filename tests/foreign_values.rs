@@ -12,8 +12,8 @@ use fredlock::NotificationMode;
 use fredlock::{Error, LockClient, LockGuard};
 use support::{
     bounded, connect, eventually, exists, fence_value, inbox_keys, init_tracing, mutex_keys,
-    queued_inbox_tags, queued_waiters, sharded_config, shown, shutdown, snapshot, RedisServer,
-    Resp, MODES,
+    queue_key, queued_inbox_tags, queued_waiters, sharded_config, shown, shutdown, snapshot,
+    RedisServer, Resp, MODES,
 };
 
 // ---------------------------------------------------------------------------
@@ -241,11 +241,9 @@ async fn hold_key_clobbered_while_held_gives_wrong_type_on_unlock() {
     }
 }
 
-/// The waiter marker key is gone: a waiting acquisition's place is a line in the hold hash
-/// (field `q`). A foreign value planted there while a waiter waits (replacing the hash, as a
+/// A foreign value planted at the hold key while a waiter waits (replacing the hash, as a
 /// clobbering writer would) is reported by the waiter's next attempt and by the holder's
-/// unlock, and neither changes it. A value at the old marker's name is no key of the lock: it
-/// is never read, written or deleted.
+/// unlock, and neither changes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_value_at_the_hold_key_of_a_waited_lock_gives_wrong_type() {
     support::init_tracing();
@@ -256,8 +254,6 @@ async fn foreign_value_at_the_hold_key_of_a_waited_lock_gives_wrong_type() {
         let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
         let name = "wait-planted";
         let keys = mutex_keys(&prefix, 1, name);
-        let old_marker = format!("{}:mutex.wait:{name}", keys.tag);
-        let marker = plant(&server, &old_marker, "list");
         let holder = bounded("lock", holding.mutex(name).expect("mutex").lock())
             .await
             .expect("lock");
@@ -283,14 +279,68 @@ async fn foreign_value_at_the_hold_key_of_a_waited_lock_gives_wrong_type() {
         assert_eq!(snapshot(&server, &keys.hold), planted, "{mode:?}: changed");
         assert_eq!(waiting.stats().waiting, 0, "{mode:?}: waiter left behind");
 
-        // Cleared, the lock works again; the old marker's value was never touched.
-        server.cmd(&["DEL", &keys.hold]);
+        // Cleared, the lock works again.
+        server.cmd(&["DEL", &keys.hold, &queue_key(&keys.hold)]);
         let guard = bounded("lock", waiting.mutex(name).expect("mutex").lock())
             .await
             .expect("lock again");
         bounded("unlock", guard.unlock()).await.expect("unlock");
-        assert_eq!(snapshot(&server, &old_marker), marker, "{mode:?}: marker");
-        server.cmd(&["DEL", &old_marker]);
+        shutdown(&holding).await;
+        shutdown(&waiting).await;
+    }
+}
+
+/// A foreign value at a lock's queue key (the sorted set beside the hold): an acquisition that
+/// would queue there fails with `WrongType` and changes nothing; the holder, which nobody
+/// queued behind, releases as usual; cleared, the lock works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_value_at_the_queue_key_gives_wrong_type() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("fail-wt-queue-{}", mode.as_str());
+        let holding = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let name = "queue-planted";
+        let keys = mutex_keys(&prefix, 1, name);
+        let queue = queue_key(&keys.hold);
+        let holder = bounded("lock", holding.mutex(name).expect("mutex").lock())
+            .await
+            .expect("lock");
+        let planted = plant(&server, &queue, "list");
+        let hold = snapshot(&server, &keys.hold);
+        let err = bounded(
+            "lock_timeout",
+            waiting
+                .mutex(name)
+                .expect("mutex")
+                .lock_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .expect_err("the queue key holds a list");
+        assert_wrong_type(&err, name, &format!("{mode:?} lock_timeout"));
+        assert!(
+            matches!(&err, Error::WrongType { key, .. } if *key == queue),
+            "{mode:?}: the error names the queue key: {err:?}"
+        );
+        assert_eq!(
+            snapshot(&server, &queue),
+            planted,
+            "{mode:?}: queue changed"
+        );
+        assert_eq!(
+            snapshot(&server, &keys.hold),
+            hold,
+            "{mode:?}: hold changed"
+        );
+        assert_eq!(waiting.stats().waiting, 0, "{mode:?}: waiter left behind");
+        bounded("unlock", holder.unlock()).await.expect("unlock");
+
+        server.cmd(&["DEL", &queue]);
+        let guard = bounded("lock", waiting.mutex(name).expect("mutex").lock())
+            .await
+            .expect("lock again");
+        bounded("unlock", guard.unlock()).await.expect("unlock");
         shutdown(&holding).await;
         shutdown(&waiting).await;
     }

@@ -220,8 +220,8 @@ async fn odd_names_work_and_keep_their_keys_under_one_hash_tag() {
                 "{mode:?} {name:?}: the hold changed"
             );
 
-            // Every key of the lock carries the same (our) hash tag first: its one key, the
-            // hold hash (hold and wait queue).
+            // Every key of the lock carries the same (our) hash tag first: the hold hash (its
+            // wait queue, a sorted set beside it, exists only while somebody waits).
             let all = server.keys("*");
             let ours: Vec<&String> = all
                 .iter()

@@ -21,20 +21,33 @@
 --      waiter has waited less than twice the limit (hold_release.lua): so a queue that is
 --      always past the limit does not turn the barging mutex into a strictly fair one (a
 --      wake-up in another process for every acquisition)
---   q  the wait queue, one line per waiter: "<waiter id> <inbox tag> <owner id> <lease ms>
---      <grant ms> <since ms>\n" (ids never contain spaces or newlines: owner ids are printable
---      ASCII without space, waiter ids hex, inbox tags alphanumeric). Grant ms 0 marks a waiter
---      that is only woken, never granted the lock (a Redlock round: it takes the lock on every
---      instance itself); since ms is the server clock when the waiter queued, which bounds how
---      long a barging mutex may pass it over (hold_release.lua); a fair lock's waiter that
---      queued by an attempt has 0 (a take-over's line has the time: a fair lock reads
---      neither, its queue is always due)
+--   q  how many waiters the queue (KEYS[2], below) holds; "" or absent: none. A path that
+--      finds nobody queued makes no call on the queue
+--
+-- The wait queue is a sorted set of its own (KEYS[2], "queue", same hash tag), not a field of
+-- the hash: Redis's Lua hashes every byte of every string a script reads or builds (about 12
+-- instructions a byte), so a queue of 64 waiters read from the hash as text and rebuilt cost
+-- the server more than the rest of a grant. In a sorted set the hot paths touch only single
+-- members: a join is one ZADD, a grant reads the head (ZRANGE) and removes it (ZREM), the
+-- hand-over bound reads the head's score. Each member is "<waiter id> <inbox tag> <owner id> <lease ms> <grant ms>" (ids never
+-- contain spaces: owner ids are printable ASCII without space, waiter ids hex, inbox tags
+-- alphanumeric), and its score the server clock (us) when it queued: the queue's order, and
+-- how long its head has waited. A member holds nothing that changes between the attempts of
+-- one acquisition, so a repeated join (a later attempt of a queued waiter, or a call fred
+-- re-sent after a broken connection) finds it queued (ZADD NX) and keeps its place. Grant ms
+-- 0 marks a waiter that is only woken, never granted the lock (a Redlock round: it takes the
+-- lock on every instance itself). Scores are distinct: each join is a script of its own,
+-- longer than a microsecond.
+-- The queue's ttl is never below the hold's: a join that creates it gives it the hold's l
+-- (which no remaining ttl of the hold exceeds), and every later PEXPIRE of the hold while q > 0
+-- sets the same ttl on the queue. A lock freed with nobody left to grant has an empty queue
+-- (Redis deletes an empty set); a take of a lock whose hash is gone deletes a queue that
+-- outlived it (its waiters look again when their bound, the holder's lease, ends: they queue
+-- again in the order they come back, as they would have behind a holder that died).
 -- Every write sets the hash's ttl to the holder's lease; a lock freed with nobody queued stays
 -- a tombstone {o = "", f, r, x} for the retry window, so that a retried release (same op id,
 -- re-sent by the client after a broken connection) is answered "released", and a take within
--- the window continues the token. The queue lives in the hold: it expires with it (a holder
--- that died takes the queue with it; its waiters look again when its lease ends, which is the
--- bound every busy reply gives them, and queue again in the order they come back).
+-- the window continues the token.
 --
 -- Tokens: a take of a lock with no hash takes max(last + 1, server clock in us) from the
 -- shard's fence key (lib/fence.lua); every take, grant or hand-over while the hash exists
@@ -59,32 +72,41 @@
 -- fl_clock_after(last)             -> fl_token_after(last, fl_now_us())
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
--- fl_hold_write(hold, fields, owner, token, lease, r, x, q, g) writes a new hold over the
---                                      one read as fields (q nil: the queue stays as it is;
---                                      lease in ms, best as the ARGV text); returns token
--- fl_reenter(hold, fields, owner, op, lease) -> {1, token, count}
--- fl_queue_find(q, waiter)          -> start and end of the waiter's line in q, or nil
--- fl_queue_without(q, waiter)       -> q without the waiter's line, and whether it was there
--- fl_queued_count(q)                -> how many waiters q holds, estimated from the length of
---                                      its first line (0 when empty, else at least 1)
--- fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us) -> a queue line, stamped with
---                                      the clock (now_us, or read now when nil)
--- fl_queue_head_wait(q, now_us, except) -> how many ms the first waiter of q has waited by
---                                      now_us; -1 when q is empty or its first waiter is
---                                      `except`
--- fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail) -> true, the queue
---   left, the token and the grant ms when granted; false when nobody was left. now_us: the
---   server clock if the caller read it already (else nil); tail: a line to queue behind the
---   granted waiter in the same write (else nil)
---   Grants the lock to the first waiter of q whose client is there to hear it, dropping the
---   others (and waking, on the way, the waiters that are only woken: event
+-- fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g) writes a new hold over
+--                                      the one read as fields, and sets the hold's ttl (and the
+--                                      queue's, while anybody is queued) to lease (q: the new
+--                                      count of the queue, nil when it stays as read; lease in
+--                                      ms, best as the ARGV text); returns token
+-- fl_reenter(hold, queue, fields, owner, op, lease) -> {1, token, count}
+-- fl_queue_call(queue, command, ...) -> redis.call(command, queue, ...), but a foreign value
+--                                      there fails with a WRONGTYPE error that names the key
+-- fl_queue_count(fields)            -> how many waiters are queued (field q)
+-- fl_queue_member(waiter, inbox, owner, lease, grant_ms) -> the waiter's queue member
+-- fl_queue_parse(member)            -> its waiter id, inbox tag, owner id and grant ms (text)
+-- fl_queue_join(queue, fields, member, now_us) -> the count after adding member, scored
+--                                      now_us, unless it is queued already (ZADD NX); a
+--                                      queue it creates gets the hold's ttl (field l)
+-- fl_queue_expire(queue, count, ttl) gives a queue of count members the hold's new ttl
+-- fl_queue_find(queue, count, waiter) -> the member of the waiter id in the queue, or nil
+--                                      (ZSCAN MATCH: a search that runs in Redis, for the
+--                                      paths that know the waiter id alone)
+-- fl_queue_remove(queue, count, member) -> the count after removing member, and whether it
+--                                      was queued
+-- fl_queue_head_wait(queue, count, now_us, except) -> how many ms the first waiter has waited
+--                                      by now_us; -1 when nobody is queued or the first waiter
+--                                      is `except`
+-- fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail) -> true, the
+--   count left, the token and the grant ms when granted; false when nobody was left (the
+--   queue is then empty). now_us: the server clock if the caller read it already (else nil);
+--   tail: a member to queue behind the granted waiter in the same call (else nil)
+--   Grants the lock to the first waiter whose client is there to hear it, taking the others
+--   out of the queue (and waking, on the way, the waiters that are only woken: event
 --   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
 --   its grant ms) before it sends anything (a write refused for want of memory then
 --   fails the whole script, before any event), and sends the event
 --   "0|grant|<waiter>,<token>,<grant ms>,<queued>|<lock id>" (queued: how many waiters
---   stay queued behind it, fl_queued_count) to its client's inbox (fl_emit_to in
---   lib/notify.lua, which also tells whether the client is there to hear it). False when
---   nobody was left.
+--   stay queued behind it) to its client's inbox (fl_emit_to in lib/notify.lua, which also
+--   tells whether the client is there to hear it).
 -- fl_free(hold, op, x, window, token) leaves the tombstone of a freed lock (window in ms,
 --                                      best as the ARGV text; token: the lock's last token as
 --                                      a decimal string when it moved past f, else nil)
@@ -168,7 +190,29 @@ local function fl_hold_token(fields, fence, fence_arg)
   return fl_fence_next(fence, fence_arg, last)
 end
 
-local function fl_hold_write(hold, fields, owner, token, lease, r, x, q, g)
+local function fl_queue_call(queue, command, ...)
+  local reply = redis.pcall(command, queue, ...)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, 'WRONGTYPE', 1, true) then
+      error('WRONGTYPE fredlock key ' .. queue .. ' holds a ' .. redis.call('TYPE', queue).ok ..
+        ', expected a zset')
+    end
+    error(reply)
+  end
+  return reply
+end
+
+local function fl_queue_count(fields)
+  return tonumber(fields[7]) or 0
+end
+
+local function fl_queue_expire(queue, count, ttl)
+  if count > 0 then
+    redis.call('PEXPIRE', queue, ttl)
+  end
+end
+
+local function fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g)
   -- Each field of an HSET costs the server about as much as a small command of its own:
   -- the count, the ttl and the turn mark are left out when they hold their value already.
   -- Numbers go to Redis as strings: Lua turns a number argument into text with sprintf,
@@ -188,10 +232,11 @@ local function fl_hold_write(hold, fields, owner, token, lease, r, x, q, g)
   end
   redis.call('HSET', hold, unpack(args))
   redis.call('PEXPIRE', hold, lease)
+  fl_queue_expire(queue, tonumber(q or fields[7]) or 0, lease)
   return token
 end
 
-local function fl_reenter(hold, fields, owner, op, lease)
+local function fl_reenter(hold, queue, fields, owner, op, lease)
   local token, count = tonumber(fields[3]), tonumber(fields[2])
   if fields[5] == op then
     return {1, token, count}
@@ -199,81 +244,107 @@ local function fl_reenter(hold, fields, owner, op, lease)
   if redis.call('PTTL', hold) < lease then
     redis.call('HSET', hold, 'c', count + 1, 'r', op, 'l', lease)
     redis.call('PEXPIRE', hold, lease)
+    fl_queue_expire(queue, fl_queue_count(fields), lease)
   else
     redis.call('HSET', hold, 'c', count + 1, 'r', op)
   end
   return {1, token, count + 1}
 end
 
-local function fl_queue_find(q, waiter)
-  if not q or waiter == '' then
+local function fl_queue_member(waiter, inbox, owner, lease, grant_ms)
+  return waiter .. ' ' .. inbox .. ' ' .. owner .. ' ' .. lease .. ' ' .. grant_ms
+end
+
+local function fl_queue_parse(member)
+  return string.match(member, '^(%S+) (%S+) (%S+) %d+ (%d+)$')
+end
+
+local function fl_queue_join(queue, fields, member, now_us)
+  local count = fl_queue_count(fields)
+  if fl_queue_call(queue, 'ZADD', 'NX', string.format('%.0f', now_us), member) == 0 then
+    return count
+  end
+  if count == 0 then
+    redis.call('PEXPIRE', queue, fields[4])
+  end
+  return count + 1
+end
+
+local function fl_queue_find(queue, count, waiter)
+  if count == 0 or waiter == '' then
     return nil
   end
-  local at, last = fl_find_word(q, waiter, 10, 32)
-  if not at then
-    return nil
+  -- Waiter ids are hex: nothing in them is special to MATCH. COUNT 1000 walks a queue of up
+  -- to about a thousand members in one round; a longer one takes a few.
+  local cursor = '0'
+  repeat
+    local page = fl_queue_call(queue, 'ZSCAN', cursor, 'MATCH', waiter .. ' *', 'COUNT', 1000)
+    if page[2][1] then
+      return page[2][1]
+    end
+    cursor = page[1]
+  until cursor == '0'
+  return nil
+end
+
+local function fl_queue_remove(queue, count, member)
+  if count == 0 or not member or fl_queue_call(queue, 'ZREM', member) == 0 then
+    return count, false
   end
-  return at, string.find(q, '\n', last, true)
+  return count - 1, true
 end
 
-local function fl_queue_without(q, waiter)
-  local from, to = fl_queue_find(q, waiter)
-  if not from then
-    return q or '', false
-  end
-  return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
-end
-
-local function fl_queued_count(q)
-  if not q or q == '' then
-    return 0
-  end
-  -- Lines differ only in their owner ids' lengths: the first line's length gives the count
-  -- closely enough, without a scan of the queue.
-  return math.max(1, math.floor(#q / string.find(q, '\n', 1, true)))
-end
-
-local function fl_queue_line(waiter, inbox, owner, lease, grant_ms, now_us)
-  return string.format('%s %s %s %d %d %.0f\n', waiter, inbox, owner, lease, grant_ms,
-    math.floor((now_us or fl_now_us()) / 1000))
-end
-
-local function fl_queue_head_wait(q, now_us, except)
-  if not q or q == '' then
+local function fl_queue_head_wait(queue, count, now_us, except)
+  if count == 0 then
     return -1
   end
-  -- The head line's last column, matched from at most 14 bytes before its end (a space and
-  -- 13 digits of ms, enough until the year 2286): one short match, whatever the line holds.
-  local stop = string.find(q, '\n', 1, true)
-  local since = string.match(q, '(%d+)\n', math.max(stop - 14, 1))
-  if not since or (except ~= '' and fl_queue_find(q, except) == 1) then
+  local head = fl_queue_call(queue, 'ZRANGE', 0, 0, 'WITHSCORES')
+  if not head[1] or (except ~= '' and fl_queue_parse(head[1]) == except) then
     return -1
   end
-  return now_us / 1000 - since
+  return (now_us - tonumber(head[2])) / 1000
 end
 
-local function fl_grant_next(hold, fields, q, x, events, mode, lock_id, now_us, tail)
+local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail)
+  local count = fl_queue_count(fields)
   local text
-  local at, size = 1, #q
-  while at <= size do
-    local stop = string.find(q, '\n', at, true)
-    local waiter, inbox, owner, lasts =
-      string.match(q, '^(%S+) (%S+) (%S+) %d+ (%d+) %d+\n', at)
-    at = stop + 1
-    if waiter and lasts == '0' then
-      fl_emit_to(events .. ':to:' .. inbox, mode, '0|name|' .. waiter .. '|' .. lock_id)
-    elseif waiter then
-      text = text or fl_token_after(tonumber(fields[3]), now_us or fl_now_us())
-      local left = at > size and (tail or '') or
-        (tail and string.sub(q, at) .. tail or string.sub(q, at))
-      local queued = fl_queued_count(left)
+  while count > 0 do
+    -- The head is read first and removed after the hold is written: a write refused for want
+    -- of memory is then the script's first, and nothing has changed.
+    local head = fl_queue_call(queue, 'ZRANGE', 0, 0)[1]
+    if not head then
+      break
+    end
+    count = count - 1
+    local waiter, inbox, owner, lasts = fl_queue_parse(head)
+    if waiter and lasts ~= '0' then
+      now_us = now_us or fl_now_us()
+      text = text or fl_token_after(tonumber(fields[3]), now_us)
+      local left = tail and count + 1 or count
       redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
         'x', x, 'q', left, 'g', waiter, 't', '1')
+      fl_queue_call(queue, 'ZREM', head)
+      local joined = tail and
+        fl_queue_call(queue, 'ZADD', 'NX', string.format('%.0f', now_us), tail) == 1
+      if tail and not joined then
+        -- Queued already (a take-over re-sent after a broken connection).
+        left = count
+        redis.call('HSET', hold, 'q', left)
+      end
       if fl_emit_to(events .. ':to:' .. inbox, mode,
-          '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
+          '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. left .. '|' .. lock_id) then
         redis.call('PEXPIRE', hold, lasts)
+        fl_queue_expire(queue, left, lasts)
         return true, left, text, tonumber(lasts)
       end
+      if joined then
+        fl_queue_call(queue, 'ZREM', tail)
+      end
+    else
+      if waiter then
+        fl_emit_to(events .. ':to:' .. inbox, mode, '0|name|' .. waiter .. '|' .. lock_id)
+      end
+      fl_queue_call(queue, 'ZREM', head)
     end
   end
   return false

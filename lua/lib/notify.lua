@@ -6,7 +6,7 @@
 -- of a stream entry, or the pub/sub message; seq is 0 (an inbox is not numbered), rule and
 -- target are one of (src/notify/event.rs):
 --   grant|<waiter>,<token>,<grant ms>,<queued>     a release granted an exclusive or write hold
---                                                  (queued: about how many wait behind it)
+--                                                  (queued: how many wait behind it)
 --   grants|<queued>,<waiter>:<grant ms>:<token>,...  a wave of read holds (lib/rw.lua)
 --   name|<waiter>                                  a waiter to wake (it asks Redis itself)
 -- mode is "stream" | "stream6" (Stream mode on Redis 6.2+, which has XADD NOMKSTREAM) |

@@ -2,11 +2,11 @@
 -- lib/fence.lua, lib/notify.lua and lib/hold.lua, whose functions it uses. Not a script of its
 -- own.
 --
--- One hash per read-write lock (KEYS[1]) is its whole state, as for the exclusive locks, whose
--- fields, tokens, tombstone and wait queue it shares (lib/hold.lua):
---   o c f l r x g q  the write hold, the retry records and the wait queue, as in lib/hold.lua
---                    (f: the latest token the lock issued, to a write or a read hold). The
---                    lock is fair, so t is never set
+-- One hash per read-write lock (KEYS[1]) is its whole state, wait queue included, with the
+-- fields, tokens and tombstone of the exclusive locks (lib/hold.lua):
+--   o c f l r x g  the write hold and the retry records, as in lib/hold.lua (f: the latest
+--                  token the lock issued, to a write or a read hold). The lock is fair, so t
+--                  is never set
 --   e  the write hold's lease end, server clock in ms ("" without a writer). The hash's ttl is
 --      the latest end of any of its holds, so a writer's own read hold (a downgrade) may keep
 --      the hash past the write hold's lease: the write hold counts only while e is ahead
@@ -18,8 +18,12 @@
 --      (server ms), the op id of the last call applied to it, and the waiter id a release
 --      granted it under ("-" for a read hold its owner took by an attempt). A line counts only
 --      while its end is ahead; the scripts drop lapsed lines as they meet them
--- Waiters of both sides queue in q with the lines of lib/hold.lua: a reader's waiter id starts
--- with "r", a writer's with "w" (then the client's inbox tag, ".", an op id: src/lock/rwlock.rs).
+--   q  the wait queue as text, one line per waiter: "<waiter id> <inbox tag> <owner id>
+--      <lease ms> <grant ms> <alive until ms>\n" (the fields of a member of lib/hold.lua's
+--      queue, then the time below). Unlike the exclusive locks, the read-write lock keeps its
+--      queue in the hash, as text its grants walk from the head
+-- Waiters of both sides queue in q: a reader's waiter id starts with "r", a writer's with "w"
+-- (then the client's inbox tag, ".", an op id: src/lock/rwlock.rs).
 -- The last column of a line is the time (server ms) until which the waiter is known to be
 -- alive: its queueing call set it a waiter lease ahead, and its client's heartbeat
 -- (rw_heartbeat.lua) moves it on. A waiter whose time passed is dropped where the scripts meet
@@ -35,6 +39,10 @@
 -- The hash's ttl is the latest end of its holds, or the retry window once none is left (the
 -- tombstone of lib/hold.lua, which keeps f and the freed-by chain x).
 --
+-- fl_rw_find(q, waiter)              -> start and end of the waiter's line in q, or nil
+-- fl_rw_without(q, waiter)           -> q without the waiter's line, and whether it was there
+-- fl_rw_queued(q)                    -> how many waiters q holds, estimated from the length of
+--                                       its first line (0 when empty, else at least 1)
 -- fl_rw_read(hold)                   -> the fields {o, c, f, l, r, x, q, g, e, s} (one HMGET: a
 --                                       typed read), with o = false when "" or lapsed is not
 --                                       known yet (see fl_rw_state)
@@ -71,6 +79,34 @@
 --   grant). Writes the hash (q left, plus `tail`, a line to queue behind: a take-over's), the
 --   freed-by chain x and the ttl before it sends anything (a write refused for want of memory fails the script
 --   before any event). A writer's hold lasts its grant ms and each reader's its own.
+local function fl_rw_find(q, waiter)
+  if not q or waiter == '' then
+    return nil
+  end
+  local at, last = fl_find_word(q, waiter, 10, 32)
+  if not at then
+    return nil
+  end
+  return at, string.find(q, '\n', last, true)
+end
+
+local function fl_rw_without(q, waiter)
+  local from, to = fl_rw_find(q, waiter)
+  if not from then
+    return q or '', false
+  end
+  return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
+end
+
+local function fl_rw_queued(q)
+  if not q or q == '' then
+    return 0
+  end
+  -- Lines differ only in their owner ids' lengths: the first line's length gives the count
+  -- closely enough, without a scan of the queue.
+  return math.max(1, math.floor(#q / string.find(q, '\n', 1, true)))
+end
+
 local function fl_rw_read(hold)
   local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 'e', 's')
   if v[1] == '' then

@@ -317,7 +317,7 @@ pub(crate) async fn inspect(driver: &dyn Driver) -> Result<LockState> {
         &driver.engine().ctx,
         script,
         driver.keys().name(),
-        driver.renew_keys(),
+        ScriptKeys::new(driver.keys()).through(Key::Hold),
         vec![],
     )
     .await?;

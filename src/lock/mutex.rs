@@ -345,6 +345,11 @@ impl HoldKind for ExclusiveDriver {
     fn keys(&self) -> &LockKeys {
         &self.keys
     }
+
+    /// The hash and the wait queue, whose ttl follows the hold's (`lua/hold_renew.lua`).
+    fn renew_keys(&self) -> Vec<String> {
+        self.script_keys().through(Key::Queue)
+    }
 }
 
 impl Driver for ExclusiveDriver {
@@ -367,12 +372,10 @@ impl Driver for ExclusiveDriver {
                 (true, true) => (waiter.as_ref(), ctx.config.waiter_lease.as_millis() as i64),
                 (true, false) => (waiter.as_ref(), -1),
             };
-            // A fair lock never hands over: its queue lines need no time stamp.
-            let stamp = if self.fair { "0" } else { "1" };
             let script = &SCRIPTS.hold_acquire;
             let args =
                 ScriptArgs::acquire(owner.id(), lease.as_millis() as i64, &op, waiter, grant_ms)
-                    .extra([ctx.inbox_tag.as_ref().into(), stamp.into()]);
+                    .extra([ctx.inbox_tag.as_ref().into()]);
             let keys = self.script_keys().through(Key::Fence);
             let reply = run_call(ctx, &self.keys, script, keys, args).await?;
             acquire_reply(ctx, script, &reply)
@@ -451,6 +454,10 @@ impl ExclusiveDriver {
 impl RedisQueue for ExclusiveDriver {
     fn queue_keys(&self) -> ScriptKeys<'_> {
         self.script_keys()
+    }
+
+    fn place_keys(&self) -> Vec<String> {
+        self.script_keys().through(Key::Queue)
     }
 
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {

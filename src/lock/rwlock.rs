@@ -379,6 +379,11 @@ impl RedisQueue for RwDriver {
         ScriptKeys::new(&self.keys)
     }
 
+    /// The hash alone: the read-write lock keeps its queue there.
+    fn place_keys(&self) -> Vec<String> {
+        ScriptKeys::new(&self.keys).through(Key::Hold)
+    }
+
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {
         let (engine, keys) = (self.engine.clone(), self.keys.clone());
         leave_queue(engine, keys, &SCRIPTS.rw_leave, waiter)

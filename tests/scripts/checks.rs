@@ -145,12 +145,17 @@ fn hold_renew_sets_the_lease_field_and_the_ttl() {
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew_script = composed(&[], include_str!("../../lua/hold_renew.lua"));
+    let renew_script = composed(&[HOLD_LIB], include_str!("../../lua/hold_renew.lua"));
     let other = "{t:0}:mutex:y";
     let renew = |lease: i64, holds: &[(&str, &str, i64)]| {
         let lease = lease.to_string();
         let tokens: Vec<String> = holds.iter().map(|(_, _, t)| t.to_string()).collect();
-        let keys: Vec<&str> = holds.iter().map(|(key, _, _)| *key).collect();
+        let queues: Vec<String> = holds.iter().map(|(key, _, _)| queue_key(key)).collect();
+        let keys: Vec<&str> = holds
+            .iter()
+            .zip(&queues)
+            .flat_map(|((key, _, _), queue)| [*key, queue.as_str()])
+            .collect();
         let mut args = vec![lease.as_str()];
         for ((_, owner, _), token) in holds.iter().zip(&tokens) {
             args.push(owner);
@@ -229,7 +234,7 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
         let lock_id = hold.trim_start_matches("{t:0}:");
         ints(lua.eval(
             &lua.release,
-            &[hold, MARKER, FENCE, EVENTS],
+            &[hold, &queue_key(hold), FENCE, EVENTS],
             &[
                 owner, &token, op, "0", &window, "stream", "1000", lock_id, to.0, to.1, &lease,
                 &limit,
@@ -401,7 +406,7 @@ fn hold_scripts_refuse_a_foreign_value_at_the_hold_key_before_changing_anything(
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew = composed(&[], include_str!("../../lua/hold_renew.lua"));
+    let renew = composed(&[HOLD_LIB], include_str!("../../lua/hold_renew.lua"));
     let inspect = composed(&[], include_str!("../../lua/hold_inspect.lua"));
     lua.open_inboxes(&["b"]);
     server.cmd(&["SET", FENCE, &format!("17|{LAYOUT}")]);
@@ -429,7 +434,7 @@ fn hold_scripts_refuse_a_foreign_value_at_the_hold_key_before_changing_anything(
             ("heartbeat", lua.heartbeat_raw(&[(HOLD, &["wb"])])),
             (
                 "renew",
-                server.cmd(&["EVAL", &renew, "1", HOLD, "30000", "a", "17"]),
+                server.cmd(&["EVAL", &renew, "2", HOLD, QUEUE, "30000", "a", "17"]),
             ),
             ("inspect", server.cmd(&["EVAL", &inspect, "1", HOLD])),
         ];
@@ -438,6 +443,65 @@ fn hold_scripts_refuse_a_foreign_value_at_the_hold_key_before_changing_anything(
             assert_wrongtype(&reply, &what);
             assert_eq!(lua.dump(&[&inbox_b]), before, "{what}: a key changed");
         }
+    }
+}
+
+/// A foreign value at an exclusive lock's queue key (another type than a sorted set): every
+/// call that queues a waiter, grants, looks for a waiter or renews through the queue fails with
+/// WRONGTYPE before writing anything, and the foreign value, the hold and the inboxes stay as
+/// they are. A take of a lock with no hash, which clears a queue left behind, refuses too.
+#[test]
+fn hold_scripts_refuse_a_foreign_value_at_the_queue_key_before_changing_anything() {
+    init_tracing();
+    let server = RedisServer::start();
+    let lua = Lua::new(&server, "stream");
+    let renew = composed(&[HOLD_LIB], include_str!("../../lua/hold_renew.lua"));
+    lua.open_inboxes(&["b"]);
+    let inbox_b = inbox("b");
+    for kind in ["string", "list", "set", "stream"] {
+        server.cmd(&["DEL", HOLD, QUEUE]);
+        let t = lua.acquire(Ask::once("a", "a-take"))[1].to_string();
+        plant(&server, QUEUE, kind);
+        // As if a waiter had queued before the foreign value replaced the queue.
+        server.cmd(&["HSET", HOLD, "q", "1"]);
+        let before = lua.dump(&[&inbox_b]);
+        let calls = [
+            (
+                "waiting attempt",
+                lua.attempt(Ask::waiting("b", "b-wait", "wb"), &fence_arg(true)),
+            ),
+            ("leave", lua.leave_raw("wb")),
+            ("force unlock", lua.force_raw()),
+            ("heartbeat", lua.heartbeat_raw(&[(HOLD, &["wb"])])),
+            (
+                "renew",
+                server.cmd(&["EVAL", &renew, "2", HOLD, QUEUE, "30000", "a", &t]),
+            ),
+        ];
+        for (call, reply) in calls {
+            let what = format!("{call} with a {kind} at the queue key");
+            assert_wrongtype(&reply, &what);
+            assert_eq!(lua.dump(&[&inbox_b]), before, "{what}: a key changed");
+        }
+        let held = lua.release_raw("a", t.parse().expect("a token"), "a-rel", false, None);
+        assert_wrongtype(
+            &held,
+            &format!("the holder's release with a {kind} at the queue key"),
+        );
+        assert_eq!(
+            lua.dump(&[&inbox_b]),
+            before,
+            "the holder's release: a key changed"
+        );
+
+        server.cmd(&["DEL", HOLD]);
+        let before = lua.dump(&[&inbox_b]);
+        let take = lua.attempt(Ask::once("c", "c-take"), &fence_arg(true));
+        assert_wrongtype(
+            &take,
+            &format!("a take of a lock with no hash and a {kind} queue"),
+        );
+        assert_eq!(lua.dump(&[&inbox_b]), before, "the take: a key changed");
     }
 }
 

@@ -55,7 +55,7 @@ fn grants_to_the_first_waiter_whose_inbox_exists(mode: &'static str) {
         WAITER_LEASE,
         "c's grant",
     );
-    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, true)]);
+    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, 1)]);
     assert!(lua.inbox_events("d").is_empty(), "d was told");
     assert!(
         !exists(&server, &inbox("b")),
@@ -97,7 +97,7 @@ fn grants_to_the_first_waiter_whose_inbox_exists(mode: &'static str) {
         2_000,
         "d's grant",
     );
-    assert_eq!(lua.inbox_events("d"), [grant("wd", td, 2_000, false)]);
+    assert_eq!(lua.inbox_events("d"), [grant("wd", td, 2_000, 0)]);
     assert_eq!(lua.inbox_events("c").len(), 1, "c was told twice");
 
     // Nobody alive is queued: d's release writes the hold in e's name, then in x's (grant ms
@@ -177,7 +177,7 @@ fn a_release_wakes_the_waiters_that_are_only_woken_and_grants_the_next() {
         "c's grant after r was woken",
     );
     assert_eq!(lua.inbox_events("r"), [wake("wr")]);
-    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, true)]);
+    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, 1)]);
     assert!(lua.inbox_events("z").is_empty(), "z was woken early");
     assert!(
         !exists(&server, &inbox("s")),
@@ -270,7 +270,7 @@ fn pubsub_grants_go_to_the_first_waiter_whose_inbox_has_a_subscriber() {
     assert_eq!(next_message(), message("r", wake("wr")));
     assert_eq!(
         next_message(),
-        message("c", grant("wc", tc, WAITER_LEASE, true))
+        message("c", grant("wc", tc, WAITER_LEASE, 1))
     );
 
     // Nobody hears for d: c's release writes the hold in d's name (the token drawn for it),
@@ -363,7 +363,7 @@ fn a_grant_writes_the_hold_before_it_publishes_the_event() {
     let granted = subscriber.read_reply().expect("the grant").as_array();
     assert_eq!(
         granted[2].as_str(),
-        Some(grant("wc", tc, WAITER_LEASE, false)),
+        Some(grant("wc", tc, WAITER_LEASE, 0)),
         "{granted:?}"
     );
     lua.assert_no_stray_keys();
@@ -424,11 +424,8 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
         WAITER_LEASE,
         "d's grant from b",
     );
-    assert_eq!(lua.inbox_events("b"), [grant("wb", tb, WAITER_LEASE, true)]);
-    assert_eq!(
-        lua.inbox_events("d"),
-        [grant("wd", td, WAITER_LEASE, false)]
-    );
+    assert_eq!(lua.inbox_events("b"), [grant("wb", tb, WAITER_LEASE, 1)]);
+    assert_eq!(lua.inbox_events("d"), [grant("wd", td, WAITER_LEASE, 0)]);
     assert!(lua.inbox_events("c").is_empty());
     assert_eq!(lua.release("a", t, "a-release"), vec![1, 0]);
     let before = lua.dump(&[]);
@@ -482,10 +479,7 @@ fn force_unlock_grants_to_the_queue_head_or_frees_the_lock() {
         "b's grant by force",
     );
     assert_eq!(lua.inbox_events("r"), [wake("wr")]);
-    assert_eq!(
-        lua.inbox_events("b"),
-        [grant("wb", tb, WAITER_LEASE, false)]
-    );
+    assert_eq!(lua.inbox_events("b"), [grant("wb", tb, WAITER_LEASE, 0)]);
     let before = lua.dump(&[]);
     assert_eq!(lua.release("a", t, "a-release"), vec![-1, 0]);
     assert_eq!(

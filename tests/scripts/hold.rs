@@ -191,10 +191,7 @@ fn a_reentry_drops_the_callers_own_queue_line() {
         WAITER_LEASE,
         "wp1's grant",
     );
-    assert_eq!(
-        lua.inbox_events("p"),
-        [grant("wp1", tp, WAITER_LEASE, true)]
-    );
+    assert_eq!(lua.inbox_events("p"), [grant("wp1", tp, WAITER_LEASE, 2)]);
 
     // wp2 looks again: its owner holds the lock, so it re-enters, and its line is gone (c's
     // stays). A retried attempt is answered the same.
@@ -251,10 +248,7 @@ fn a_reentry_drops_the_callers_own_queue_line() {
         WAITER_LEASE,
         "c's grant",
     );
-    assert_eq!(
-        lua.inbox_events("c"),
-        [grant("wc", tc, WAITER_LEASE, false)]
-    );
+    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, 0)]);
     assert_eq!(lua.inbox_events("p").len(), 1, "wp2 was granted the lock");
 
     // The same with nobody else queued: c's release grants the lock to wp3, wp4 re-enters
@@ -290,8 +284,8 @@ fn a_reentry_drops_the_callers_own_queue_line() {
     assert_eq!(
         lua.inbox_events("p"),
         [
-            grant("wp1", first, WAITER_LEASE, true),
-            grant("wp3", tp, WAITER_LEASE, true)
+            grant("wp1", first, WAITER_LEASE, 2),
+            grant("wp3", tp, WAITER_LEASE, 1)
         ],
         "wp2 or wp4 was granted the lock"
     );
@@ -336,10 +330,7 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
         WAITER_LEASE,
         "wp1's grant",
     );
-    assert_eq!(
-        lua.inbox_events("p"),
-        [grant("wp1", tp, WAITER_LEASE, true)]
-    );
+    assert_eq!(lua.inbox_events("p"), [grant("wp1", tp, WAITER_LEASE, 2)]);
 
     // wp2 re-enters before wp1 read its grant: r is wp2's op, g stays wp1.
     assert_eq!(
@@ -405,10 +396,7 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
         ..granted("c", tc, WAITER_LEASE, "wc")
     };
     lua.assert_hold(&c_holds, WAITER_LEASE, "c's grant from p");
-    assert_eq!(
-        lua.inbox_events("c"),
-        [grant("wc", tc, WAITER_LEASE, false)]
-    );
+    assert_eq!(lua.inbox_events("c"), [grant("wc", tc, WAITER_LEASE, 0)]);
     assert_eq!(
         snapshot(&server, FENCE),
         before_fence,
@@ -726,7 +714,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     lua.assert_hold(&c_holds, WAITER_LEASE, "wc's grant: it waited the limit");
     assert_eq!(
         lua.inbox_events("c"),
-        [grant("wc", tb + 3, WAITER_LEASE, true)]
+        [grant("wc", tb + 3, WAITER_LEASE, 1)]
     );
     assert!(lua.inbox_events("e").is_empty(), "e was sent to");
     // f's release, re-sent naming e: answered, no hand-over, nothing changed.
@@ -777,7 +765,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     );
     assert_eq!(
         lua.inbox_events("g"),
-        [grant("wg", tb + 5, WAITER_LEASE, false)]
+        [grant("wg", tb + 5, WAITER_LEASE, 0)]
     );
     assert!(lua.inbox_events("f").is_empty(), "f was sent to");
     // c's hand-over, re-sent now that the lock moved on from we: only "released".
@@ -960,7 +948,7 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     );
     assert_eq!(
         lua.inbox_events("b"),
-        [grant("wb", t + 1, WAITER_LEASE, true)],
+        [grant("wb", t + 1, WAITER_LEASE, 1)],
         "the queued flag counts ws's line, written with the grant"
     );
     assert!(lua.inbox_events("s").is_empty(), "s was sent to");
@@ -986,20 +974,23 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
         ..granted("s", t + 2, 3_000, "ws")
     };
     lua.assert_hold(&s_holds, 3_000, "ws's grant");
-    assert_eq!(lua.inbox_events("s"), [grant("ws", t + 2, 3_000, false)]);
+    assert_eq!(lua.inbox_events("s"), [grant("ws", t + 2, 3_000, 0)]);
 
     // c (the head, overdue), e and g queue. s's hold is the queue's turn (a grant): its
     // release, taken over by e (queued, not the head), hands e the lock all the same, once;
     // we's line goes, wc's and wg's stay.
-    for (owner, waiter) in [("c", "wc"), ("e", "we"), ("g", "wg")] {
-        assert_eq!(
-            lua.acquire(Ask::waiting(owner, &format!("{owner}-wait"), waiter)),
-            busy(3_000, t + 2)
-        );
+    for (owner, waiter, lease) in [
+        ("c", "wc", LEASE),
+        ("e", "we", SUCCESSOR_LEASE),
+        ("g", "wg", SUCCESSOR_LEASE),
+    ] {
+        let op = format!("{owner}-wait");
+        let ask = Ask::waiting(owner, &op, waiter).lease(lease);
+        assert_eq!(lua.acquire(ask), busy(3_000, t + 2));
     }
     lua.set_since("wc", lua.clock().div_euclid(1000) - LIMIT);
     let wc_line = lua.line("wc", "c", LEASE, WAITER_LEASE);
-    let wg_line = lua.line("wg", "g", LEASE, WAITER_LEASE);
+    let wg_line = lua.line("wg", "g", SUCCESSOR_LEASE, WAITER_LEASE);
     assert_eq!(
         lua.take_over("s", t + 2, "s-release", ("e", "we"), 3_000),
         vec![1, 0, t + 3, 2]
@@ -1030,10 +1021,7 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
         WAITER_LEASE,
         "wc's grant, wg's line kept as it was",
     );
-    assert_eq!(
-        lua.inbox_events("c"),
-        [grant("wc", t + 4, WAITER_LEASE, true)]
-    );
+    assert_eq!(lua.inbox_events("c"), [grant("wc", t + 4, WAITER_LEASE, 1)]);
     for owner in ["e", "g"] {
         assert!(lua.inbox_events(owner).is_empty(), "{owner} was sent to");
     }
@@ -1054,51 +1042,47 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
         WAITER_LEASE,
         "wg's grant after a grant: it waited twice the limit",
     );
-    assert_eq!(
-        lua.inbox_events("g"),
-        [grant("wg", t + 5, WAITER_LEASE, true)]
-    );
+    assert_eq!(lua.inbox_events("g"), [grant("wg", t + 5, WAITER_LEASE, 1)]);
     assert!(lua.inbox_events("e").is_empty(), "e was sent to");
 
     assert_eq!(snapshot(&server, FENCE), fence, "the fence key changed");
     lua.assert_no_stray_keys();
 }
 
-/// A fair lock's waiter (stamp "0") queues without a time stamp: its line's since column is 0,
-/// and the call reads no clock for it; a barging mutex's waiter behind it is stamped as usual.
-/// The order of the queue is the order of the calls either way.
+/// A waiter's queue member holds nothing that changes between the attempts of its
+/// acquisition, so a repeated attempt (a later one, or a call re-sent after a broken
+/// connection) keeps its place and adds nobody; and a queue that outlived its hold (the hash
+/// expired first) goes with the next take, whose waiters queue again when they look.
 #[test]
-fn a_fair_waiter_queues_without_a_time_stamp() {
+fn a_repeated_attempt_keeps_its_place_and_a_take_clears_a_queue_its_hold_left() {
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
     let t = lua.acquire(Ask::once("a", "a-take"))[1];
+    for (owner, op, waiter) in [("b", "b-wait", "wb"), ("c", "c-wait", "wc")] {
+        assert_eq!(lua.acquire(Ask::waiting(owner, op, waiter)), busy(LEASE, t));
+    }
+    let queue = format!(
+        "{}{}",
+        lua.line("wb", "b", LEASE, WAITER_LEASE),
+        lua.line("wc", "c", LEASE, WAITER_LEASE)
+    );
+    for op in ["b-wait", "b-again"] {
+        assert_eq!(lua.acquire(Ask::waiting("b", op, "wb")), busy(LEASE, t));
+        assert_eq!(lua.queue_of(HOLD), queue, "{op}");
+    }
+    assert_eq!(lua.hash().q, queue);
 
+    // The hash goes (as if it expired before the queue): the next take clears the queue.
+    server.cmd(&["DEL", HOLD]);
+    let taken = lua.acquire(Ask::once("d", "d-take"));
+    assert_eq!(taken[0], 1, "{taken:?}");
+    assert!(!exists(&server, QUEUE), "the queue went with the take");
     assert_eq!(
-        lua.acquire(Ask::waiting("b", "b-wait", "wb").fair()),
-        busy(LEASE, t)
+        lua.acquire(Ask::waiting("b", "b-back", "wb")),
+        busy(LEASE, taken[1])
     );
-    assert_eq!(
-        lua.queue_of(HOLD),
-        queue_line("wb", "b", LEASE, WAITER_LEASE, 0)
-    );
-    // A retried attempt finds its line and adds none.
-    assert_eq!(
-        lua.acquire(Ask::waiting("b", "b-wait", "wb").fair()),
-        busy(LEASE, t)
-    );
-    assert_eq!(
-        lua.acquire(Ask::waiting("c", "c-wait", "wc")),
-        busy(LEASE, t)
-    );
-    assert_eq!(
-        lua.queue_of(HOLD),
-        format!(
-            "{}{}",
-            queue_line("wb", "b", LEASE, WAITER_LEASE, 0),
-            lua.line("wc", "c", LEASE, WAITER_LEASE)
-        )
-    );
+    assert_eq!(lua.hash().q, lua.line("wb", "b", LEASE, WAITER_LEASE));
 }
 
 /// A release that names a floor (the last token its client issued for the hold within its

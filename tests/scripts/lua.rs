@@ -3,7 +3,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
-use crate::support::{composed, exists, RedisServer, Resp};
+pub(crate) use crate::support::queue_key;
+use crate::support::{composed, exists, queue_members, RedisServer, Resp};
 
 pub(crate) const HOLD_LIB: &str = include_str!("../../lua/lib/hold.lua");
 pub(crate) const FENCE_LIB: &str = include_str!("../../lua/lib/fence.lua");
@@ -118,9 +119,8 @@ pub(crate) fn assert_drawn(token: i64, previous: i64, clock: i64, what: &str) {
 
 /// The hold hash of barging mutex `x` under prefix `t` (shard 0).
 pub(crate) const HOLD: &str = "{t:0}:mutex:x";
-/// What the client passes at the kind's own position (`KEYS[2]`, unused by the hold scripts:
-/// the old waiter marker's name). No script may create it.
-pub(crate) const MARKER: &str = "{t:0}:mutex.wait:x";
+/// The wait queue of [`HOLD`] (`KEYS[2]`, a sorted set: `lua/lib/hold.lua`).
+pub(crate) const QUEUE: &str = "{t:0}:mutex.wait:x";
 /// The shard's fence key (`lua/lib/fence.lua`).
 pub(crate) const FENCE: &str = "{t:0}:fence";
 /// The shard's events key (a single Redis: one for every shard); the inboxes are beside it.
@@ -128,7 +128,7 @@ pub(crate) const EVENTS: &str = "{t:events}";
 /// The shard's event counter (not a key of the hold scripts; no script may create it).
 pub(crate) const SEQ: &str = "{t:events}:seq";
 /// The KEYS of the hold scripts (`through(Key::Events)`; `hold_acquire` takes the first 3).
-pub(crate) const KEYS: [&str; 4] = [HOLD, MARKER, FENCE, EVENTS];
+pub(crate) const KEYS: [&str; 4] = [HOLD, QUEUE, FENCE, EVENTS];
 pub(crate) const LOCK_ID: &str = "mutex:x";
 /// The lease of every acquisition unless a test says otherwise (ms).
 pub(crate) const LEASE: i64 = 30_000;
@@ -153,9 +153,9 @@ pub(crate) fn inbox(owner: &str) -> String {
     format!("{EVENTS}:to:{}", tag(owner))
 }
 
-/// A queue line of the hold hash (`lua/lib/hold.lua`): waiter id, inbox tag, owner id, lease,
-/// grant ms, since ms (the server clock when the waiter queued). [`Lua::line`] fills in the
-/// since column the waiter's attempt wrote.
+/// A queue line as the tests compare queues: the queue member (`lua/lib/hold.lua`: waiter id,
+/// inbox tag, owner id, lease, grant ms), then since ms (its score, the server clock when the
+/// waiter queued, in ms). [`Lua::line`] fills in the since column the waiter's attempt wrote.
 pub(crate) fn queue_line(waiter: &str, owner: &str, lease: i64, grant: i64, since: i64) -> String {
     format!("{waiter} {} {owner} {lease} {grant} {since}\n", tag(owner))
 }
@@ -174,14 +174,13 @@ pub(crate) fn queued_since(queue: &str, waiter: &str) -> Option<i64> {
 }
 
 /// The grant event a release sends to a waiter's inbox: not numbered (sequence 0); `queued`
-/// when other lines stay in the hold's queue after the grant (the flag is 1, else 0).
-pub(crate) fn grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
+/// how many waiters stay in the queue after the grant.
+pub(crate) fn grant(waiter: &str, token: i64, grant_ms: i64, queued: usize) -> String {
     grant_of(LOCK_ID, waiter, token, grant_ms, queued)
 }
 
 /// The grant event of lock `lock_id` (an exclusive lock's, a read-write lock's write hold).
-fn grant_of(lock_id: &str, waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
-    let queued = u8::from(queued);
+fn grant_of(lock_id: &str, waiter: &str, token: i64, grant_ms: i64, queued: usize) -> String {
     format!("0|grant|{waiter},{token},{grant_ms},{queued}|{lock_id}")
 }
 
@@ -205,8 +204,6 @@ pub(crate) struct Ask<'a> {
     pub(crate) op: &'a str,
     pub(crate) waiter: &'a str,
     pub(crate) waiter_lease: i64,
-    /// A fair lock's attempt: its queue line carries no time stamp (ARGV[7] "0").
-    pub(crate) fair: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -218,7 +215,6 @@ impl<'a> Ask<'a> {
             op,
             waiter: "",
             waiter_lease: 0,
-            fair: false,
         }
     }
 
@@ -230,7 +226,6 @@ impl<'a> Ask<'a> {
             op,
             waiter,
             waiter_lease: WAITER_LEASE,
-            fair: false,
         }
     }
 
@@ -242,11 +237,6 @@ impl<'a> Ask<'a> {
 
     pub(crate) fn lease(self, lease: i64) -> Self {
         Ask { lease, ..self }
-    }
-
-    /// The attempt of a fair lock's acquisition.
-    pub(crate) fn fair(self) -> Self {
-        Ask { fair: true, ..self }
     }
 
     pub(crate) fn waiter_lease(self, waiter_lease: i64) -> Self {
@@ -384,7 +374,7 @@ impl<'a> Lua<'a> {
         let before = self.clock().div_euclid(1000);
         let reply = self.eval(
             &self.acquire,
-            &[hold, MARKER, FENCE],
+            &[hold, &queue_key(hold), FENCE],
             &[
                 ask.owner,
                 &lease,
@@ -392,7 +382,6 @@ impl<'a> Lua<'a> {
                 ask.waiter,
                 &waiter_lease,
                 &inbox_tag,
-                if ask.fair { "0" } else { "1" },
                 fence_arg,
             ],
         );
@@ -401,10 +390,6 @@ impl<'a> Lua<'a> {
             return reply;
         }
         if let Some(since) = queued_since(&self.queue_of(hold), ask.waiter) {
-            if ask.fair {
-                assert_eq!(since, 0, "a fair waiter's line carries no time stamp");
-                return reply;
-            }
             assert!(
                 (before..=after).contains(&since),
                 "{} queued at {since} ms, not within the server clock {before}..={after} ms \
@@ -418,13 +403,14 @@ impl<'a> Lua<'a> {
         reply
     }
 
-    /// The queue field `q` of the hash at `hold` ("" when missing, or when the key holds no
-    /// hash: the read is a plain HGET, which changes nothing).
+    /// The wait queue of the lock whose hash is `hold`, as text: one [`queue_line`] per member,
+    /// oldest first ("" when nobody is queued, or when the key holds no sorted set: the read
+    /// is a plain ZRANGE, which changes nothing).
     pub(crate) fn queue_of(&self, hold: &str) -> String {
-        self.server
-            .cmd(&["HGET", hold, "q"])
-            .as_str_opt()
-            .unwrap_or_default()
+        queue_members(self.server, hold)
+            .iter()
+            .map(|(member, score)| format!("{member} {}\n", score.div_euclid(1000)))
+            .collect()
     }
 
     /// The queue line of `waiter` of `owner` in [`HOLD`]'s queue (lease, grant ms), with the
@@ -442,27 +428,25 @@ impl<'a> Lua<'a> {
             .unwrap_or_else(|| panic!("{waiter} never queued"))
     }
 
-    /// Rewrites the since column of `waiter`'s line in [`HOLD`]'s queue to `since` (ms), the
-    /// rest of the hash and its ttl kept, as if it had queued then.
+    /// Sets the score of `waiter`'s member in [`HOLD`]'s queue to `since` (ms), the rest of the
+    /// queue, the hash and the ttls kept, as if it had queued then.
     pub(crate) fn set_since(&self, waiter: &str, since: i64) {
         let queue = self.queue_of(HOLD);
-        assert!(
-            queued_since(&queue, waiter).is_some(),
-            "{waiter} is not queued: {queue:?}"
-        );
-        let rewritten: String = queue
+        let line = queue
             .lines()
-            .map(|line| {
-                let mut columns: Vec<String> = line.split(' ').map(str::to_owned).collect();
-                if columns[0] == waiter {
-                    columns[5] = since.to_string();
-                }
-                columns.join(" ") + "\n"
-            })
-            .collect();
-        let ttl = self.pttl();
-        self.server.cmd(&["HSET", HOLD, "q", &rewritten]);
-        assert!(self.pttl() <= ttl, "HSET changed the hold's ttl");
+            .find(|line| line.split(' ').next() == Some(waiter))
+            .unwrap_or_else(|| panic!("{waiter} is not queued: {queue:?}"));
+        let member = &line[..line.rfind(' ').expect("a since column")];
+        let ttl = self.server.cmd(&["PTTL", QUEUE]).as_int();
+        let score = (since * 1000).to_string();
+        let changed = self
+            .server
+            .cmd(&["ZADD", QUEUE, "XX", "CH", &score, member]);
+        assert_eq!(changed.as_int(), 1, "{waiter}'s score is set");
+        assert!(
+            self.server.cmd(&["PTTL", QUEUE]).as_int() <= ttl,
+            "ZADD changed the queue's ttl"
+        );
         self.since
             .borrow_mut()
             .insert((HOLD.to_owned(), waiter.to_owned()), since);
@@ -667,10 +651,15 @@ impl<'a> Lua<'a> {
         ints(self.force_raw())
     }
 
-    /// `hold_heartbeat` (a batch): for each (hold key, waiter ids) of `locks`, the key in KEYS
-    /// and the count and the ids in ARGV; the raw reply.
+    /// `hold_heartbeat` (a batch): for each (hold key, waiter ids) of `locks`, the hold and its
+    /// queue in KEYS and the count and the ids in ARGV; the raw reply.
     pub(crate) fn heartbeat_raw(&self, locks: &[(&str, &[&str])]) -> Resp {
-        let keys: Vec<&str> = locks.iter().map(|(hold, _)| *hold).collect();
+        let queues: Vec<String> = locks.iter().map(|(hold, _)| queue_key(hold)).collect();
+        let keys: Vec<&str> = locks
+            .iter()
+            .zip(&queues)
+            .flat_map(|((hold, _), queue)| [*hold, queue.as_str()])
+            .collect();
         let counts: Vec<String> = locks.iter().map(|(_, ids)| ids.len().to_string()).collect();
         let mut args = Vec::new();
         for ((_, ids), count) in locks.iter().zip(&counts) {
@@ -697,6 +686,7 @@ impl<'a> Lua<'a> {
                 .remove(name)
                 .unwrap_or_else(|| panic!("hold hash lacks {name}"))
         };
+        let count = take("q");
         let hash = HoldHash {
             o: take("o"),
             c: take("c"),
@@ -704,12 +694,38 @@ impl<'a> Lua<'a> {
             l: take("l"),
             r: take("r"),
             x: take("x"),
-            q: take("q"),
+            q: self.queue_of(HOLD),
             g: take("g"),
             t: take("t"),
         };
         assert!(fields.is_empty(), "unknown fields in the hold: {fields:?}");
+        let members = hash.q.lines().count();
+        assert_eq!(
+            count.parse::<usize>().unwrap_or(0),
+            members,
+            "field q ({count:?}) counts the queue's members"
+        );
+        assert!(
+            count.is_empty() || count.parse::<usize>().is_ok(),
+            "q: {count:?}"
+        );
+        self.assert_queue_outlives_the_hold();
         hash
+    }
+
+    /// A queue with members lasts at least as long as the hold (`lua/lib/hold.lua`): read
+    /// first, its ttl is not below the hold's read after it.
+    pub(crate) fn assert_queue_outlives_the_hold(&self) {
+        let queue_ttl = self.server.cmd(&["PTTL", QUEUE]).as_int();
+        let hold_ttl = self.pttl();
+        if queue_ttl == -2 {
+            return;
+        }
+        assert_ne!(queue_ttl, -1, "the queue has no ttl");
+        assert!(
+            queue_ttl >= hold_ttl,
+            "the queue's ttl {queue_ttl} ms is below the hold's {hold_ttl} ms"
+        );
     }
 
     /// The hold's remaining time in ms.
@@ -766,12 +782,14 @@ impl<'a> Lua<'a> {
         open_inboxes(self.server, owners);
     }
 
-    /// Asserts that no script call created a key it has no business with: the unused marker
-    /// position and the shard's event stream and counter (grants go to inboxes only).
+    /// Asserts that no script call created a key it has no business with: the shard's event
+    /// stream and counter (grants go to inboxes only); and that a queue left lasts as long as
+    /// its hold.
     pub(crate) fn assert_no_stray_keys(&self) {
-        for key in [MARKER, EVENTS, SEQ] {
+        for key in [EVENTS, SEQ] {
             assert!(!exists(self.server, key), "{key} was created");
         }
+        self.assert_queue_outlives_the_hold();
     }
 }
 
@@ -961,7 +979,7 @@ pub(crate) fn v(value: impl ToString) -> Option<String> {
 
 /// The grant event a release sends to a writer's client (`lua/lib/rw.lua`).
 pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
-    grant_of(RW_LOCK_ID, waiter, token, grant_ms, queued)
+    grant_of(RW_LOCK_ID, waiter, token, grant_ms, usize::from(queued))
 }
 
 /// The event that grants a wave of readers of one client: the queued flag, then each reader's

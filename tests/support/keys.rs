@@ -67,22 +67,47 @@ pub fn hold_owner(server: &RedisServer, hold: &str) -> Option<String> {
         .filter(|owner| !owner.is_empty())
 }
 
-/// The waiter ids queued in an exclusive lock's hash (field `q`, one line per waiter), in
-/// queue order.
+/// The wait queue of the exclusive lock whose hash is `hold` (same hash tag):
+/// `{P:s}:mutex:N` queues in the sorted set `{P:s}:mutex.wait:N`.
+pub fn queue_key(hold: &str) -> String {
+    let tag_end = hold.find("}:").expect("a hash tag") + 2;
+    let kind_end = tag_end + hold[tag_end..].find(':').expect("a lock kind");
+    format!("{}.wait{}", &hold[..kind_end], &hold[kind_end..])
+}
+
+/// The members of an exclusive lock's wait queue ("<waiter id> <inbox tag> <owner id> <lease
+/// ms> <grant ms>"), with their scores (the server clock in µs when each queued), in queue
+/// order; none when the key holds no sorted set (a plain read: it changes nothing).
+pub fn queue_members(server: &RedisServer, hold: &str) -> Vec<(String, i64)> {
+    let members = server.cmd(&["ZRANGE", &queue_key(hold), "0", "-1", "WITHSCORES"]);
+    if members.is_error() {
+        return Vec::new();
+    }
+    members
+        .as_array()
+        .chunks(2)
+        .map(|pair| {
+            let member = pair[0].as_str().expect("a queue member");
+            let score = pair[1].as_str().expect("a score");
+            let score = score
+                .parse()
+                .unwrap_or_else(|e| panic!("the score of {member:?}: {e}"));
+            (member, score)
+        })
+        .collect()
+}
+
+/// The waiter ids queued for an exclusive lock, in queue order.
 pub fn queued_waiters(server: &RedisServer, hold: &str) -> Vec<String> {
     queue_column(server, hold, 0)
 }
 
-/// Field `n` (0: waiter id, 1: inbox tag, 2: owner, 3: lease, 4: grant ms) of every line of an
-/// exclusive lock's queue, in queue order.
+/// Field `n` (0: waiter id, 1: inbox tag, 2: owner, 3: lease, 4: grant ms) of every member of
+/// an exclusive lock's queue, in queue order.
 fn queue_column(server: &RedisServer, hold: &str, n: usize) -> Vec<String> {
-    let queue = server
-        .cmd(&["HGET", hold, "q"])
-        .as_str()
-        .unwrap_or_default();
-    queue
-        .lines()
-        .filter_map(|line| line.split(' ').nth(n))
+    queue_members(server, hold)
+        .iter()
+        .filter_map(|(member, _)| member.split(' ').nth(n))
         .map(str::to_owned)
         .collect()
 }
@@ -158,8 +183,8 @@ pub fn is_inbox(prefix: &str, key: &str) -> bool {
         && tag.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// The inbox tag of each waiter queued in an exclusive lock's hash (field `q`), in queue
-/// order: the client whose inbox a grant goes to.
+/// The inbox tag of each waiter queued for an exclusive lock, in queue order: the client whose
+/// inbox a grant goes to.
 pub fn queued_inbox_tags(server: &RedisServer, hold: &str) -> Vec<String> {
     queue_column(server, hold, 1)
 }
