@@ -45,10 +45,10 @@ if current == owner then
   -- waiter re-enters, and must not stay queued for a grant it would never take up.
   local count, queued = fl_queue_remove(queue, fl_queue_count(fields), member)
   if queued then
-    redis.call('HSET', hold, 'q', count)
+    redis.call('HSET', hold, 'q', string.format('%d', count))
     fields[7] = count
   end
-  return fl_reenter(hold, queue, fields, owner, op, lease)
+  return fl_reenter(hold, queue, fields, owner, op, ARGV[2])
 end
 if not current then
   -- No hash: a queue may have outlived its hold (lib/hold.lua). ZCARD, a typed read, refuses a
@@ -68,9 +68,11 @@ if not current then
 end
 
 if member then
-  local count = fl_queue_join(queue, fields, member, fl_now_us())
-  if count ~= fl_queue_count(fields) then
-    redis.call('HSET', hold, 'q', count)
+  local count, k = fl_queue_join(queue, fields, member, fl_now_us())
+  if k then
+    redis.call('HSET', hold, 'q', '1', 'k', k)
+  elseif count ~= fl_queue_count(fields) then
+    redis.call('HSET', hold, 'q', string.format('%d', count))
   end
 end
 return {0, tonumber(fields[4]) or lease, tonumber(fields[3])}

@@ -18,15 +18,20 @@
 local codes = {}
 local arg = 1
 for i = 1, #KEYS, 2 do
-  local queue = KEYS[i + 1]
   local fields = fl_hold_read(KEYS[i])
-  local count = fl_queue_count(fields)
+  -- The waiter ids of the queue, read once per lock.
+  local queued = {}
+  if fl_queue_count(fields) > 0 then
+    for _, member in ipairs(fl_queue_call(KEYS[i + 1], 'ZRANGE', '0', '-1')) do
+      queued[fl_queue_parse(member) or ''] = true
+    end
+  end
   local n = tonumber(ARGV[arg])
   arg = arg + 1
   for _ = 1, n do
     local id = ARGV[arg]
     arg = arg + 1
-    if (fields[1] and fields[8] == id) or fl_queue_find(queue, count, id) then
+    if (fields[1] and fields[8] == id) or queued[id] then
       codes[#codes + 1] = 1
     else
       codes[#codes + 1] = 0

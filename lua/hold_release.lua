@@ -86,7 +86,7 @@ if current ~= owner or fields[3] ~= token then
   return {-1, 0}
 end
 if all ~= '1' and count > 1 then
-  redis.call('HSET', hold, 'c', count - 1, 'r', op)
+  redis.call('HSET', hold, 'c', string.format('%d', count - 1), 'r', op)
   return {1, count - 1}
 end
 -- Tokens the client issued within its process continue the hold's: what follows goes above.
@@ -102,20 +102,26 @@ local freed_by = fl_freed_chain(op, fields[6])
 -- handed: whether the successor takes the hold over, with the queue as it is (false) or
 -- emptied (true); nil: no hand-over. Straight-line code, not a closure: a closure over this
 -- many locals costs the server more than the code it would share.
-local now, handed
+local now, handed, head
 -- The hold as the hand-over writes over it: as read, unless a grant wrote it meanwhile.
 local written = fields
 if successor ~= '' then
   now = fl_now_us()
-  local waited = fl_queue_head_wait(queue, queued, now, successor_waiter)
-  if waited < limit or (fields[9] == '1' and waited < 2 * limit) then
+  -- With limit 0 (a fair lock's take-over) anybody queued is due, and a successor that asks
+  -- by this call is never queued: no need to look.
+  local any_due = limit == 0 and joins
+  if not any_due then
+    head = fl_queue_due_head(queue, queued, now, fields[9] == '1' and 2 * limit or limit,
+      successor_waiter)
+  end
+  if queued == 0 or not (any_due or head) then
     handed = false
   end
 end
 if handed == nil then
   -- A successor asking by this call (a take-over) queues behind the waiter granted the lock.
   local granted, _, granted_token, granted_ms =
-    fl_grant_next(hold, queue, fields, freed_by, events, mode, lock_id, now, joins or nil)
+    fl_grant_next(hold, queue, fields, freed_by, events, mode, lock_id, now, joins or nil, head)
   if granted then
     if joins then
       return {2, granted_ms, tonumber(granted_token)}
@@ -130,10 +136,14 @@ if handed == nil then
   -- takes the lock rather than leave it free, over what a failed grant may have written.
   handed, written, queued = true, {}, 0
 end
--- The successor leaves the queue if it is there: a task of this process that waits already
--- may have queued, and a take-over re-sent after a broken connection may have queued already.
-local left = fl_queue_remove(queue, queued,
-  joins or fl_queue_find(queue, queued, successor_waiter))
+-- A successor that waits already (a task of this process) leaves the queue if it queued. One
+-- that asks by this call (a take-over) is not queued: a call of its that queued it is a
+-- release of this hold (its op id), which left the op id in x or the lock in other hands, and
+-- either is answered above.
+local left = queued
+if not joins then
+  left = fl_queue_remove(queue, queued, fl_queue_find(queue, queued, successor_waiter))
+end
 local next_token, token_number = fl_token_after(tonumber(fields[3]), now)
 local q = (handed or left ~= queued) and left or nil
 fl_hold_write(hold, queue, written, successor, next_token, ARGV[11], successor_waiter, freed_by,

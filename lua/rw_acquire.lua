@@ -95,7 +95,7 @@ local lease_end = now_ms + lease
 if writing and state.writer == owner then
   local count = tonumber(fields[2]) + 1
   state.ends = math.max(state.ends, lease_end)
-  redis.call('HSET', hold, 'c', count, 'r', op, 'e', state.ends, 'q', queue,
+  redis.call('HSET', hold, 'c', string.format('%d', count), 'r', op, 'e', string.format('%d', state.ends), 'q', queue,
     's', fl_rw_readers(state))
   fl_rw_keep(hold, state, now_ms, window)
   return {1, tonumber(fields[3]), count}
@@ -134,13 +134,13 @@ if takes then
   end
   if writing then
     state.writer, state.ends = owner, lease_end
-    redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', token, 'l', lease, 'r', op, 'g', '',
-      'e', lease_end, 'q', queue, 's', fl_rw_readers(state))
+    redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', token, 'l', ARGV[2], 'r', op, 'g', '',
+      'e', string.format('%d', lease_end), 'q', queue, 's', fl_rw_readers(state))
   else
     state.mine = {count = 1, token = token, ends = lease_end, op = op, waiter = '-'}
     redis.call('HSET', hold, 'f', token, 'q', queue, 's', fl_rw_readers(state))
     if state.changed then
-      redis.call('HSET', hold, 'o', '', 'c', 0, 'e', '')
+      redis.call('HSET', hold, 'o', '', 'c', '0', 'e', '')
     end
   end
   fl_rw_keep(hold, state, now_ms, window)
@@ -157,7 +157,7 @@ end
 if queue ~= q or state.changed then
   redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state))
   if state.changed and not state.writer then
-    redis.call('HSET', hold, 'o', '', 'c', 0, 'e', '')
+    redis.call('HSET', hold, 'o', '', 'c', '0', 'e', '')
   end
   fl_rw_keep(hold, state, now_ms, window)
 end

@@ -41,7 +41,7 @@ for i, hold in ipairs(KEYS) do
     if from then
       local line = string.sub(moved, from, to)
       local head = string.match(line, '^(.* )%d+\n$')
-      moved = string.sub(moved, 1, from - 1) .. string.format('%s%.0f\n', head, alive_until) ..
+      moved = string.sub(moved, 1, from - 1) .. string.format('%s%d\n', head, alive_until) ..
         string.sub(moved, to + 1)
       codes[#codes + 1] = 1
     elseif (state.writer and fields[8] == id) or fl_find_word(state.others, id, 32, 10) then

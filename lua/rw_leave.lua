@@ -42,7 +42,7 @@ if state.writer and fields[8] == waiter then
   if count > 1 then
     -- Another task of the same owner re-entered the grant meanwhile: it keeps the lock, one
     -- level fewer (the level that was this waiter's).
-    redis.call('HSET', hold, 'c', count - 1, 'g', '', 'q', q)
+    redis.call('HSET', hold, 'c', string.format('%d', count - 1), 'g', '', 'q', q)
     return {1}
   end
   state.writer, state.ends = false, 0

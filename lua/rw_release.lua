@@ -118,7 +118,7 @@ if state.writer ~= owner or fields[3] ~= token then
 end
 local count = tonumber(fields[2])
 if all ~= '1' and count > 1 then
-  redis.call('HSET', hold, 'c', count - 1, 'r', op)
+  redis.call('HSET', hold, 'c', string.format('%d', count - 1), 'r', op)
   return {1, count - 1}
 end
 
@@ -129,8 +129,8 @@ state.writer, state.ends = false, 0
 local function hand_over()
   local next_token = fl_token_after(tonumber(state.f or fields[3]), now_us)
   state.writer, state.ends = successor, now_ms + successor_lease
-  redis.call('HSET', hold, 'o', successor, 'c', 1, 'f', next_token, 'l', successor_lease,
-    'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter, 'e', state.ends,
+  redis.call('HSET', hold, 'o', successor, 'c', '1', 'f', next_token, 'l', ARGV[12],
+    'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter, 'e', string.format('%d', state.ends),
     's', fl_rw_readers(state))
   fl_rw_keep(hold, state, now_ms, window)
   return {1, 0, tonumber(next_token), 0}

@@ -39,7 +39,7 @@ for i, hold in ipairs(KEYS) do
       code = 1
       if lease > 0 then
         state.ends = now_ms + lease
-        redis.call('HSET', hold, 'l', lease, 'e', state.ends)
+        redis.call('HSET', hold, 'l', ARGV[1], 'e', string.format('%d', state.ends))
       end
     end
   else

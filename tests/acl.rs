@@ -15,7 +15,7 @@
 //!     +xread +xrevrange +client|unblock       # notifier, Stream mode
 //!     +subscribe                              # notifier, Pub/Sub mode
 //!     +del +exists +hmget +hset +pexpire +pttl +publish +time +type +xadd +xdel +zadd
-//!     +zcard +zrange +zrem +zscan +zscore          # called inside the scripts
+//!     +zcard +zrange +zrangebyscore +zrem +zscore  # called inside the scripts
 //! ```
 //!
 //! Add `+ssubscribe +spublish` on a Redis Cluster in Pub/Sub mode, `+wait` with
@@ -64,8 +64,23 @@ const ACL_CLIENT_COMMANDS: &[&str] = &[
 /// Commands the scripts call (besides `get` and `set`), which Redis checks against the
 /// caller's ACL too.
 const ACL_SCRIPT_COMMANDS: &[&str] = &[
-    "del", "exists", "hmget", "hset", "pexpire", "pttl", "publish", "time", "type", "xadd", "xdel",
-    "zadd", "zcard", "zrange", "zrem", "zscan", "zscore",
+    "del",
+    "exists",
+    "hmget",
+    "hset",
+    "pexpire",
+    "pttl",
+    "publish",
+    "time",
+    "type",
+    "xadd",
+    "xdel",
+    "zadd",
+    "zcard",
+    "zrange",
+    "zrangebyscore",
+    "zrem",
+    "zscore",
 ];
 
 /// Every command a least-privilege user needs (see the module docs).

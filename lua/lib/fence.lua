@@ -34,7 +34,7 @@
 --                                    writes the key
 -- fl_fence_text(token)            -> a token number as a decimal string
 local function fl_fence_text(token)
-  return string.format('%.0f', token)
+  return string.format('%d', token)
 end
 
 local function fl_fence_read(fence, arg)

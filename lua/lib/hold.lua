@@ -23,6 +23,8 @@
 --      wake-up in another process for every acquisition)
 --   q  how many waiters the queue (KEYS[2], below) holds; "" or absent: none. A path that
 --      finds nobody queued makes no call on the queue
+--   k  when the queue expires (server ms) as its last PEXPIRE set it: a write of the hold
+--      extends the queue only when the hold would outlast it
 --
 -- The wait queue is a sorted set of its own (KEYS[2], "queue", same hash tag), not a field of
 -- the hash: Redis's Lua hashes every byte of every string a script reads or builds (about 12
@@ -38,9 +40,10 @@
 -- 0 marks a waiter that is only woken, never granted the lock (a Redlock round: it takes the
 -- lock on every instance itself). Scores are distinct: each join is a script of its own,
 -- longer than a microsecond.
--- The queue's ttl is never below the hold's: a join that creates it gives it the hold's l
--- (which no remaining ttl of the hold exceeds), and every later PEXPIRE of the hold while q > 0
--- sets the same ttl on the queue. A lock freed with nobody left to grant has an empty queue
+-- The queue's ttl is never below the hold's: a join that creates it gives it twice the hold's
+-- l (which no remaining ttl of the hold exceeds), and a later write of the hold that sets its
+-- ttl beyond the queue's (k) sets the queue's to twice the hold's, so a queue under steady
+-- contention is extended about once per lease, not on every write. A lock freed with nobody left to grant has an empty queue
 -- (Redis deletes an empty set); a take of a lock whose hash is gone deletes a queue that
 -- outlived it (its waiters look again when their bound, the holder's lease, ends: they queue
 -- again in the order they come back, as they would have behind a holder that died).
@@ -57,7 +60,7 @@
 -- the hash is older, the clock still puts the next token above every token the old primary
 -- issued (docs/design.md, fencing).
 --
--- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g, t}, with o = false when
+-- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g, t, k}, with o = false when
 --                                      free (HMGET: a typed read, so a foreign value under the
 --                                      hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older, limit)  -> op followed by the ids of older, within limit bytes
@@ -66,7 +69,17 @@
 --                                      that starts the text or follows byte `before`, and
 --                                      ends it or precedes byte `after`; nil when none
 -- fl_chain_has(x, op)              -> whether op is one of the ids of the freed chain x
--- fl_now_us()                      -> the server clock in us (TIME)
+-- FL_CLOCK                         the server clock as this call read it ({us = number}; empty
+--                                      before the first read)
+-- fl_now_us()                      -> the server clock in us (TIME, read once per call: a
+--                                      script runs at one instant)
+-- fl_us_text(us)                   -> a whole number (a token, a time in us) in decimal
+--
+-- Numbers cost the server in formatting: Lua's own (tostring, "..", "%.0f") and Redis's, for a
+-- number passed to redis.call, format through the floating-point path of sprintf, a few
+-- thousand instructions each; "%d" takes the integer path. So every number these scripts
+-- pass to Redis or build into text goes through string.format('%d') or is passed as text
+-- (ARGV as given, literals quoted).
 -- fl_token_after(last, now_us)     -> max(last + 1, now_us), as a decimal string and as a
 --                                      number
 -- fl_clock_after(last)             -> fl_token_after(last, fl_now_us())
@@ -77,28 +90,33 @@
 --                                      queue's, while anybody is queued) to lease (q: the new
 --                                      count of the queue, nil when it stays as read; lease in
 --                                      ms, best as the ARGV text); returns token
--- fl_reenter(hold, queue, fields, owner, op, lease) -> {1, token, count}
+-- fl_reenter(hold, queue, fields, owner, op, lease) -> {1, token, count} (lease: ms, as text)
 -- fl_queue_call(queue, command, ...) -> redis.call(command, queue, ...), but a foreign value
 --                                      there fails with a WRONGTYPE error that names the key
 -- fl_queue_count(fields)            -> how many waiters are queued (field q)
 -- fl_queue_member(waiter, inbox, owner, lease, grant_ms) -> the waiter's queue member
 -- fl_queue_parse(member)            -> its waiter id, inbox tag, owner id and grant ms (text)
 -- fl_queue_join(queue, fields, member, now_us) -> the count after adding member, scored
---                                      now_us, unless it is queued already (ZADD NX); a
---                                      queue it creates gets the hold's ttl (field l)
--- fl_queue_expire(queue, count, ttl) gives a queue of count members the hold's new ttl
+--                                      now_us, unless it is queued already (ZADD NX); for a
+--                                      queue it creates, which gets twice the hold's l as its
+--                                      ttl, also the new k
+-- fl_queue_outlast(k, count, ttl)   -> when a queue of count members that expires at k (field k)
+--                                      must be extended to outlast a hold written now for ttl
+--                                      ms: the new k and the queue's new ttl (ms), as text;
+--                                      else nil
 -- fl_queue_find(queue, count, waiter) -> the member of the waiter id in the queue, or nil
---                                      (ZSCAN MATCH: a search that runs in Redis, for the
---                                      paths that know the waiter id alone)
+--                                      (reads the whole queue: for the paths that know the
+--                                      waiter id alone)
 -- fl_queue_remove(queue, count, member) -> the count after removing member, and whether it
 --                                      was queued
--- fl_queue_head_wait(queue, count, now_us, except) -> how many ms the first waiter has waited
---                                      by now_us; -1 when nobody is queued or the first waiter
---                                      is `except`
--- fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail) -> true, the
---   count left, the token and the grant ms when granted; false when nobody was left (the
+-- fl_queue_due_head(queue, count, now_us, wait_ms, except) -> the first member when it has
+--                                      waited wait_ms or more by now_us and is not the waiter
+--                                      `except`; nil otherwise
+-- fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail, head) -> true,
+--   the count left, the token and the grant ms when granted; false when nobody was left (the
 --   queue is then empty). now_us: the server clock if the caller read it already (else nil);
---   tail: a member to queue behind the granted waiter in the same call (else nil)
+--   tail: a member to queue behind the granted waiter in the same call (else nil); head: the
+--   queue's first member if the caller read it already (else nil)
 --   Grants the lock to the first waiter whose client is there to hear it, taking the others
 --   out of the queue (and waking, on the way, the waiters that are only woken: event
 --   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
@@ -111,7 +129,7 @@
 --                                      best as the ARGV text; token: the lock's last token as
 --                                      a decimal string when it moved past f, else nil)
 local function fl_hold_read(hold)
-  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 't')
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 't', 'k')
   if v[1] == '' then
     v[1] = false
   end
@@ -163,16 +181,25 @@ local function fl_chain_has(chain, op)
   return fl_find_word(chain, op, 44, 44) ~= nil
 end
 
+local FL_CLOCK = {}
+
 local function fl_now_us()
-  local clock = redis.call('TIME')
-  return clock[1] * 1000000 + clock[2]
+  if not FL_CLOCK.us then
+    local clock = redis.call('TIME')
+    FL_CLOCK.us = clock[1] * 1000000 + clock[2]
+  end
+  return FL_CLOCK.us
+end
+
+local function fl_us_text(us)
+  return string.format('%d', us)
 end
 
 local function fl_token_after(last, now_us)
   if now_us <= last then
     now_us = last + 1
   end
-  return string.format('%.0f', now_us), now_us
+  return fl_us_text(now_us), now_us
 end
 
 local function fl_clock_after(last)
@@ -206,10 +233,16 @@ local function fl_queue_count(fields)
   return tonumber(fields[7]) or 0
 end
 
-local function fl_queue_expire(queue, count, ttl)
-  if count > 0 then
-    redis.call('PEXPIRE', queue, ttl)
+local function fl_queue_outlast(k, count, ttl)
+  if count == 0 then
+    return nil
   end
+  local ms = tonumber(ttl)
+  local ends = math.floor(fl_now_us() / 1000) + ms
+  if (tonumber(k) or 0) >= ends then
+    return nil
+  end
+  return string.format('%d', ends + ms), string.format('%d', 2 * ms)
 end
 
 local function fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g)
@@ -221,18 +254,24 @@ local function fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, 
   if fields[2] ~= '1' then
     args[#args + 1], args[#args + 2] = 'c', '1'
   end
-  if fields[4] ~= tostring(lease) then
+  if fields[4] ~= lease then
     args[#args + 1], args[#args + 2] = 'l', lease
   end
   if fields[9] ~= '' then
     args[#args + 1], args[#args + 2] = 't', ''
   end
   if q then
-    args[#args + 1], args[#args + 2] = 'q', q
+    args[#args + 1], args[#args + 2] = 'q', q == '' and q or string.format('%d', q)
+  end
+  local k, queue_ttl = fl_queue_outlast(fields[10], tonumber(q or fields[7]) or 0, lease)
+  if k then
+    args[#args + 1], args[#args + 2] = 'k', k
   end
   redis.call('HSET', hold, unpack(args))
   redis.call('PEXPIRE', hold, lease)
-  fl_queue_expire(queue, tonumber(q or fields[7]) or 0, lease)
+  if queue_ttl then
+    redis.call('PEXPIRE', queue, queue_ttl)
+  end
   return token
 end
 
@@ -241,12 +280,16 @@ local function fl_reenter(hold, queue, fields, owner, op, lease)
   if fields[5] == op then
     return {1, token, count}
   end
-  if redis.call('PTTL', hold) < lease then
-    redis.call('HSET', hold, 'c', count + 1, 'r', op, 'l', lease)
+  local deeper = string.format('%d', count + 1)
+  if redis.call('PTTL', hold) < tonumber(lease) then
+    local k, queue_ttl = fl_queue_outlast(fields[10], fl_queue_count(fields), lease)
+    redis.call('HSET', hold, 'c', deeper, 'r', op, 'l', lease, 'k', k or fields[10] or '')
     redis.call('PEXPIRE', hold, lease)
-    fl_queue_expire(queue, fl_queue_count(fields), lease)
+    if queue_ttl then
+      redis.call('PEXPIRE', queue, queue_ttl)
+    end
   else
-    redis.call('HSET', hold, 'c', count + 1, 'r', op)
+    redis.call('HSET', hold, 'c', deeper, 'r', op)
   end
   return {1, token, count + 1}
 end
@@ -261,11 +304,14 @@ end
 
 local function fl_queue_join(queue, fields, member, now_us)
   local count = fl_queue_count(fields)
-  if fl_queue_call(queue, 'ZADD', 'NX', string.format('%.0f', now_us), member) == 0 then
+  if fl_queue_call(queue, 'ZADD', 'NX', fl_us_text(now_us), member) == 0 then
     return count
   end
   if count == 0 then
-    redis.call('PEXPIRE', queue, fields[4])
+    -- A new queue: it outlasts the hold, whose remaining ttl l bounds.
+    local ms = tonumber(fields[4])
+    redis.call('PEXPIRE', queue, string.format('%d', 2 * ms))
+    return 1, string.format('%d', math.floor(now_us / 1000) + 2 * ms)
   end
   return count + 1
 end
@@ -274,16 +320,14 @@ local function fl_queue_find(queue, count, waiter)
   if count == 0 or waiter == '' then
     return nil
   end
-  -- Waiter ids are hex: nothing in them is special to MATCH. COUNT 1000 walks a queue of up
-  -- to about a thousand members in one round; a longer one takes a few.
-  local cursor = '0'
-  repeat
-    local page = fl_queue_call(queue, 'ZSCAN', cursor, 'MATCH', waiter .. ' *', 'COUNT', 1000)
-    if page[2][1] then
-      return page[2][1]
+  -- The members without their scores (ZSCAN would format every score as text), searched
+  -- here: for the paths that know the waiter id alone, none of them hot.
+  local prefix = waiter .. ' '
+  for _, member in ipairs(fl_queue_call(queue, 'ZRANGE', '0', '-1')) do
+    if string.sub(member, 1, #prefix) == prefix then
+      return member
     end
-    cursor = page[1]
-  until cursor == '0'
+  end
   return nil
 end
 
@@ -294,24 +338,26 @@ local function fl_queue_remove(queue, count, member)
   return count - 1, true
 end
 
-local function fl_queue_head_wait(queue, count, now_us, except)
+local function fl_queue_due_head(queue, count, now_us, wait_ms, except)
   if count == 0 then
-    return -1
+    return nil
   end
-  local head = fl_queue_call(queue, 'ZRANGE', 0, 0, 'WITHSCORES')
-  if not head[1] or (except ~= '' and fl_queue_parse(head[1]) == except) then
-    return -1
+  -- The comparison runs in Redis: no score comes back to be formatted and parsed.
+  local due = fl_queue_call(queue, 'ZRANGEBYSCORE', '-inf', fl_us_text(now_us - wait_ms * 1000),
+    'LIMIT', '0', '1')[1]
+  if due and except ~= '' and fl_queue_parse(due) == except then
+    return nil
   end
-  return (now_us - tonumber(head[2])) / 1000
+  return due
 end
 
-local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail)
+local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail, head)
   local count = fl_queue_count(fields)
   local text
   while count > 0 do
     -- The head is read first and removed after the hold is written: a write refused for want
     -- of memory is then the script's first, and nothing has changed.
-    local head = fl_queue_call(queue, 'ZRANGE', 0, 0)[1]
+    head = head or fl_queue_call(queue, 'ZRANGE', '0', '0')[1]
     if not head then
       break
     end
@@ -321,20 +367,33 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_
       now_us = now_us or fl_now_us()
       text = text or fl_token_after(tonumber(fields[3]), now_us)
       local left = tail and count + 1 or count
-      redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'q', left, 'g', waiter, 't', '1')
+      if count == 0 then
+        -- The head was the last member: Redis deletes the queue with it (a tail starts anew).
+        fields[10] = nil
+      end
+      local k, queue_ttl = fl_queue_outlast(fields[10], left, lasts)
+      local args = {'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter, 'x', x,
+        'q', string.format('%d', left), 'g', waiter, 't', '1'}
+      if k then
+        args[#args + 1], args[#args + 2] = 'k', k
+      end
+      redis.call('HSET', hold, unpack(args))
       fl_queue_call(queue, 'ZREM', head)
-      local joined = tail and
-        fl_queue_call(queue, 'ZADD', 'NX', string.format('%.0f', now_us), tail) == 1
+      local joined = tail and fl_queue_call(queue, 'ZADD', 'NX', fl_us_text(now_us), tail) == 1
       if tail and not joined then
-        -- Queued already (a take-over re-sent after a broken connection).
+        -- Queued already (not a path of the client's: a take-over's successor asks by the
+        -- release itself); the count follows the queue all the same.
         left = count
-        redis.call('HSET', hold, 'q', left)
+        redis.call('HSET', hold, 'q', string.format('%d', left))
+      end
+      if queue_ttl then
+        redis.call('PEXPIRE', queue, queue_ttl)
+        fields[10] = k
       end
       if fl_emit_to(events .. ':to:' .. inbox, mode,
-          '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. left .. '|' .. lock_id) then
+          '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. string.format('%d', left) ..
+          '|' .. lock_id) then
         redis.call('PEXPIRE', hold, lasts)
-        fl_queue_expire(queue, left, lasts)
         return true, left, text, tonumber(lasts)
       end
       if joined then
@@ -346,6 +405,7 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_
       end
       fl_queue_call(queue, 'ZREM', head)
     end
+    head = nil
   end
   return false
 end

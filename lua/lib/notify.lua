@@ -27,14 +27,14 @@
 --
 local function fl_emit_to(inbox, mode, payload)
   if mode == 'stream6' then
-    local added = redis.pcall('XADD', inbox, 'NOMKSTREAM', 'MAXLEN', '~', 100, '*', 'e', payload)
+    local added = redis.pcall('XADD', inbox, 'NOMKSTREAM', 'MAXLEN', '~', '100', '*', 'e', payload)
     return type(added) == 'string'
   end
   if mode == 'stream' then
     if redis.call('EXISTS', inbox) == 0 then
       return false
     end
-    local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', 100, '*', 'e', payload)
+    local added = redis.pcall('XADD', inbox, 'MAXLEN', '~', '100', '*', 'e', payload)
     return type(added) ~= 'table' or not added.err
   end
   if mode == 'spubsub' then

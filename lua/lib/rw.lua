@@ -152,7 +152,7 @@ local function fl_rw_state(fields, now_ms, owner)
 end
 
 local function fl_rw_line(owner, count, token, ends, op, waiter)
-  return string.format('%s %d %s %.0f %s %s\n', owner, count, token, ends, op, waiter)
+  return string.format('%s %d %s %d %s %s\n', owner, count, token, ends, op, waiter)
 end
 
 local function fl_rw_readers(state)
@@ -175,14 +175,14 @@ end
 local function fl_rw_keep(hold, state, now_ms, window)
   local last = fl_rw_last(state)
   if last > now_ms then
-    redis.call('PEXPIRE', hold, math.ceil(last - now_ms))
+    redis.call('PEXPIRE', hold, string.format('%d', math.ceil(last - now_ms)))
   else
     redis.call('PEXPIRE', hold, window)
   end
 end
 
 local function fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, alive_until)
-  return string.format('%s %s %s %d %d %.0f\n', waiter, inbox, owner, lease, grant_ms,
+  return string.format('%s %s %s %d %d %d\n', waiter, inbox, owner, lease, grant_ms,
     alive_until)
 end
 
@@ -214,7 +214,7 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
   local last = tonumber(f) or 0
   local function next_token()
     last = math.max(last + 1, now_us)
-    return string.format('%.0f', last)
+    return string.format('%d', last)
   end
   while at <= size do
     local stop = string.find(q, '\n', at, true)
@@ -242,8 +242,8 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
       local text = next_token()
       local left = string.sub(q, at) .. (tail or '')
       local ends = now_ms + tonumber(lasts)
-      redis.call('HSET', hold, 'o', owner, 'c', 1, 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'q', left, 'g', waiter, 'e', ends, 's', fl_rw_readers(state))
+      redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
+        'x', x, 'q', left, 'g', waiter, 'e', string.format('%d', ends), 's', fl_rw_readers(state))
       state.f = text
       local queued = left ~= '' and 1 or 0
       if fl_emit_to(events .. ':to:' .. inbox, mode,
@@ -254,7 +254,7 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
       end
       -- Its client is gone: the next waiter's turn (the hash is written again; f stays
       -- where it went, tokens only grow).
-      redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
+      redis.call('HSET', hold, 'o', '', 'c', '0', 'g', '', 'e', '')
     elseif waiter then
       break
     else
@@ -280,10 +280,10 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     end
   end
   state.readers = state.readers + #wave
-  state.f = string.format('%.0f', last)
+  state.f = string.format('%d', last)
   -- No write hold is left (the caller grants only then): its fields go with the same write.
   redis.call('HSET', hold, 's', fl_rw_readers(state), 'q', left, 'x', x, 'f', state.f,
-    'o', '', 'c', 0, 'g', '', 'e', '')
+    'o', '', 'c', '0', 'g', '', 'e', '')
   fl_rw_keep(hold, state, now_ms, window)
   -- One event per client: its granted readers, then its readers woken by name.
   local by_inbox, order = {}, {}
@@ -339,7 +339,7 @@ local function fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id,
   if not granted then
     redis.call('HSET', hold, 'x', x, 'q', left, 's', fl_rw_readers(state))
     if not state.writer then
-      redis.call('HSET', hold, 'o', '', 'c', 0, 'g', '', 'e', '')
+      redis.call('HSET', hold, 'o', '', 'c', '0', 'g', '', 'e', '')
     end
     fl_rw_keep(hold, state, math.floor(now_us / 1000), window)
   end

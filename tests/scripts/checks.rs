@@ -196,6 +196,34 @@ fn hold_renew_sets_the_lease_field_and_the_ttl() {
     assert_eq!(lua.dump(&[]), before, "a check or a refusal changed a key");
     assert!(lua.pttl() <= 2_000, "a check or a refusal pushed the ttl");
 
+    // With a waiter queued, a renewal that takes the hold past its queue's end extends the
+    // queue too (to twice the lease), and one that stays within it leaves the queue alone.
+    assert_eq!(
+        lua.acquire(Ask::waiting("b", "b-wait", "wb")),
+        busy(2_000, t)
+    );
+    let queue_ttl = || server.cmd(&["PTTL", QUEUE]).as_int();
+    assert!(
+        queue_ttl() <= 4_000,
+        "a new queue lasts twice l: {}",
+        queue_ttl()
+    );
+    assert_eq!(renew(3 * LEASE, &[(HOLD, "a", t)]), [1]);
+    lua.assert_queue_outlives_the_hold();
+    assert!(
+        queue_ttl() > 5 * LEASE,
+        "extended to twice the lease: {}",
+        queue_ttl()
+    );
+    let extended = queue_ttl();
+    assert_eq!(renew(LEASE, &[(HOLD, "a", t)]), [1]);
+    lua.assert_queue_outlives_the_hold();
+    assert!(
+        queue_ttl() <= extended,
+        "a renewal within the queue's end extended the queue"
+    );
+    assert_eq!(lua.leave("wb"), vec![1]);
+
     // A tombstone is a free lock: 0, unchanged.
     assert_eq!(lua.release("a", t, "a-release"), vec![1, 0]);
     let before = lua.dump(&[]);

@@ -681,6 +681,8 @@ impl<'a> Lua<'a> {
                 )
             })
             .collect();
+        // When the queue expires, as the scripts last set it: checked through the ttls below.
+        fields.remove("k");
         let mut take = |name: &str| {
             fields
                 .remove(name)
