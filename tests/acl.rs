@@ -15,7 +15,7 @@
 //!     +xread +xrevrange +client|unblock       # notifier, Stream mode
 //!     +subscribe                              # notifier, Pub/Sub mode
 //!     +del +exists +hmget +hset +pexpire +pttl +publish +time +type +xadd +xdel +zadd
-//!     +zcard +zrange +zrangebyscore +zrem +zscore  # called inside the scripts
+//!     +zcard +zpopmin +zrange +zrangebyscore +zrem +zscore  # inside the scripts
 //! ```
 //!
 //! Add `+ssubscribe +spublish` on a Redis Cluster in Pub/Sub mode, `+wait` with
@@ -77,6 +77,7 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "xdel",
     "zadd",
     "zcard",
+    "zpopmin",
     "zrange",
     "zrangebyscore",
     "zrem",

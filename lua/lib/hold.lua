@@ -117,7 +117,8 @@
 --   queue is then empty). now_us: the server clock if the caller read it already (else nil);
 --   tail: a member to queue behind the granted waiter in the same call (else nil); head: the
 --   queue's first member if the caller read it already (else nil)
---   Grants the lock to the first waiter whose client is there to hear it, taking the others
+--   Queues tail first (its ZADD, which needs memory, is then the call's first write), then
+--   grants the lock to the first waiter whose client is there to hear it, taking the others
 --   out of the queue (and waking, on the way, the waiters that are only woken: event
 --   "0|name|<waiter>|<lock id>"): writes the hold in the waiter's name (the next token, for
 --   its grant ms) before it sends anything (a write refused for want of memory then
@@ -353,24 +354,30 @@ end
 
 local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail, head)
   local count = fl_queue_count(fields)
+  if count == 0 then
+    return false
+  end
+  -- The script's first write needs memory: the ZADD of a tail, else the HSET of the hold
+  -- (the head is read first and removed after it). So a server out of memory refuses it and
+  -- nothing has changed; after a write, Redis refuses none, and a pop may come first.
+  now_us = now_us or fl_now_us()
+  local joined = tail and fl_queue_call(queue, 'ZADD', 'NX', fl_us_text(now_us), tail) == 1
   local text
   while count > 0 do
-    -- The head is read first and removed after the hold is written: a write refused for want
-    -- of memory is then the script's first, and nothing has changed.
-    head = head or fl_queue_call(queue, 'ZRANGE', '0', '0')[1]
+    local popped = false
+    if not head and joined then
+      head, popped = fl_queue_call(queue, 'ZPOPMIN')[1], true
+    elseif not head then
+      head = fl_queue_call(queue, 'ZRANGE', '0', '0')[1]
+    end
     if not head then
       break
     end
     count = count - 1
     local waiter, inbox, owner, lasts = fl_queue_parse(head)
     if waiter and lasts ~= '0' then
-      now_us = now_us or fl_now_us()
       text = text or fl_token_after(tonumber(fields[3]), now_us)
-      local left = tail and count + 1 or count
-      if count == 0 then
-        -- The head was the last member: Redis deletes the queue with it (a tail starts anew).
-        fields[10] = nil
-      end
+      local left = joined and count + 1 or count
       local k, queue_ttl = fl_queue_outlast(fields[10], left, lasts)
       local args = {'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter, 'x', x,
         'q', string.format('%d', left), 'g', waiter, 't', '1'}
@@ -378,13 +385,8 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_
         args[#args + 1], args[#args + 2] = 'k', k
       end
       redis.call('HSET', hold, unpack(args))
-      fl_queue_call(queue, 'ZREM', head)
-      local joined = tail and fl_queue_call(queue, 'ZADD', 'NX', fl_us_text(now_us), tail) == 1
-      if tail and not joined then
-        -- Queued already (not a path of the client's: a take-over's successor asks by the
-        -- release itself); the count follows the queue all the same.
-        left = count
-        redis.call('HSET', hold, 'q', string.format('%d', left))
+      if not popped then
+        fl_queue_call(queue, 'ZREM', head)
       end
       if queue_ttl then
         redis.call('PEXPIRE', queue, queue_ttl)
@@ -396,16 +398,19 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_
         redis.call('PEXPIRE', hold, lasts)
         return true, left, text, tonumber(lasts)
       end
-      if joined then
-        fl_queue_call(queue, 'ZREM', tail)
-      end
     else
       if waiter then
         fl_emit_to(events .. ':to:' .. inbox, mode, '0|name|' .. waiter .. '|' .. lock_id)
       end
-      fl_queue_call(queue, 'ZREM', head)
+      if not popped then
+        fl_queue_call(queue, 'ZREM', head)
+      end
     end
     head = nil
+  end
+  if joined then
+    -- Nobody to grant: the successor takes the lock instead of queueing.
+    fl_queue_call(queue, 'ZREM', tail)
   end
   return false
 end

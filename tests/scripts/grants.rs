@@ -314,7 +314,8 @@ fn pubsub_grants_go_to_the_first_waiter_whose_inbox_has_a_subscriber() {
 
 /// A grant writes the hold before it sends its event: when the write is refused (the server
 /// is out of memory, so its first write in a script fails), the release fails as a whole
-/// before anything is published, and no key changes. Pub/Sub shows it (PUBLISH itself is
+/// before anything is published, and no key changes; so does a take-over, whose first write
+/// queues its successor. Pub/Sub shows it (PUBLISH itself is
 /// never refused for want of memory). With memory again, the same release grants the lock.
 #[test]
 fn a_grant_writes_the_hold_before_it_publishes_the_event() {
@@ -338,11 +339,21 @@ fn a_grant_writes_the_hold_before_it_publishes_the_event() {
 
     server.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
     let refused = lua.release_raw("a", t, "a-release", false, None);
+    // A take-over, whose first write queues its successor behind the grant: refused as well.
+    let to = Successor {
+        owner: "e",
+        waiter: "we",
+        limit: 0,
+        queues: Some(WAITER_LEASE),
+    };
+    let taken_over = lua.release_to("a", t, "a-release", false, Some(to));
     server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
-    assert!(
-        refused.error_message().is_some_and(|e| e.contains("OOM")),
-        "{refused:?}"
-    );
+    for (call, reply) in [("release", refused), ("take-over", taken_over)] {
+        assert!(
+            reply.error_message().is_some_and(|e| e.contains("OOM")),
+            "{call}: {reply:?}"
+        );
+    }
     assert_eq!(lua.dump(&[]), before, "a refused release changed a key");
     // Nothing was published on c's inbox: the next message is one published here.
     assert_eq!(server.cmd(&["PUBLISH", &inbox("c"), "probe"]).as_int(), 1);
