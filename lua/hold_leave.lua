@@ -27,7 +27,8 @@ if fields[1] and fields[8] == waiter then
   if holds > 1 then
     -- Another task of the same owner re-entered the grant meanwhile: it keeps the lock, one
     -- level fewer (the level that was this waiter's).
-    redis.call('HSET', hold, 'c', string.format('%d', holds - 1), 'g', '', 'q', string.format('%d', count))
+    redis.call('HSET', hold, 'c', string.format('%d', holds - 1), 'g', '',
+      'q', string.format('%d', count))
     return {1}
   end
   local freed_by = fl_freed_chain(waiter, fields[6])

@@ -95,8 +95,8 @@ local lease_end = now_ms + lease
 if writing and state.writer == owner then
   local count = tonumber(fields[2]) + 1
   state.ends = math.max(state.ends, lease_end)
-  redis.call('HSET', hold, 'c', string.format('%d', count), 'r', op, 'e', string.format('%d', state.ends), 'q', queue,
-    's', fl_rw_readers(state))
+  redis.call('HSET', hold, 'c', string.format('%d', count), 'r', op,
+    'e', string.format('%d', state.ends), 'q', queue, 's', fl_rw_readers(state))
   fl_rw_keep(hold, state, now_ms, window)
   return {1, tonumber(fields[3]), count}
 end

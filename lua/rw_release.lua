@@ -130,8 +130,8 @@ local function hand_over()
   local next_token = fl_token_after(tonumber(state.f or fields[3]), now_us)
   state.writer, state.ends = successor, now_ms + successor_lease
   redis.call('HSET', hold, 'o', successor, 'c', '1', 'f', next_token, 'l', ARGV[12],
-    'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter, 'e', string.format('%d', state.ends),
-    's', fl_rw_readers(state))
+    'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter,
+    'e', string.format('%d', state.ends), 's', fl_rw_readers(state))
   fl_rw_keep(hold, state, now_ms, window)
   return {1, 0, tonumber(next_token), 0}
 end

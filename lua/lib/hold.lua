@@ -2,8 +2,9 @@
 -- describes, prepended by src/scripts.rs; the read-write lock's scripts use its functions too
 -- (lib/rw.lua, whose hash has these fields and more). Not a script of its own.
 --
--- One hash per lock (KEYS[1], the hold) is the lock's whole state, so that the hot paths read
--- it with one HMGET and write it with one HSET (and one PEXPIRE):
+-- One hash per lock (KEYS[1], the hold) holds the hold and its retry records, so that the hot
+-- paths read it with one HMGET and write it with one HSET (and one PEXPIRE); its wait queue is
+-- a sorted set beside it (KEYS[2], below):
 --   o  owner id of the holder; "" or absent when the lock is free
 --   c  hold count (re-entry depth)
 --   f  fencing token of the hold; while free, of the last hold (the next take continues it)
@@ -30,8 +31,9 @@
 -- the hash: Redis's Lua hashes every byte of every string a script reads or builds (about 12
 -- instructions a byte), so a queue of 64 waiters read from the hash as text and rebuilt cost
 -- the server more than the rest of a grant. In a sorted set the hot paths touch only single
--- members: a join is one ZADD, a grant reads the head (ZRANGE) and removes it (ZREM), the
--- hand-over bound reads the head's score. Each member is "<waiter id> <inbox tag> <owner id> <lease ms> <grant ms>" (ids never
+-- members: a join is one ZADD, a grant reads the head (ZRANGE) and removes it (ZREM) or pops
+-- it (ZPOPMIN), and the hand-over bound asks for the head only if it is due (ZRANGEBYSCORE).
+-- Each member is "<waiter id> <inbox tag> <owner id> <lease ms> <grant ms>" (ids never
 -- contain spaces: owner ids are printable ASCII without space, waiter ids hex, inbox tags
 -- alphanumeric), and its score the server clock (us) when it queued: the queue's order, and
 -- how long its head has waited. A member holds nothing that changes between the attempts of
@@ -43,10 +45,11 @@
 -- The queue's ttl is never below the hold's: a join that creates it gives it twice the hold's
 -- l (which no remaining ttl of the hold exceeds), and a later write of the hold that sets its
 -- ttl beyond the queue's (k) sets the queue's to twice the hold's, so a queue under steady
--- contention is extended about once per lease, not on every write. A lock freed with nobody left to grant has an empty queue
--- (Redis deletes an empty set); a take of a lock whose hash is gone deletes a queue that
--- outlived it (its waiters look again when their bound, the holder's lease, ends: they queue
--- again in the order they come back, as they would have behind a holder that died).
+-- contention is extended about once per lease, not on every write. A lock freed with nobody
+-- left to grant has an empty queue (Redis deletes an empty set); a take of a lock whose hash
+-- is gone deletes a queue that outlived it (its waiters look again when their bound, the
+-- holder's lease, ends: they queue again in the order they come back, as they would have
+-- behind a holder that died).
 -- Every write sets the hash's ttl to the holder's lease; a lock freed with nobody queued stays
 -- a tombstone {o = "", f, r, x} for the retry window, so that a retried release (same op id,
 -- re-sent by the client after a broken connection) is answered "released", and a take within
@@ -60,9 +63,9 @@
 -- the hash is older, the clock still puts the next token above every token the old primary
 -- issued (docs/design.md, fencing).
 --
--- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g, t, k}, with o = false when
---                                      free (HMGET: a typed read, so a foreign value under the
---                                      hold key fails with WRONGTYPE before any write)
+-- fl_hold_read(hold)                -> the fields {o, c, f, l, r, x, q, g, t, k}, with o = false
+--                                      when free (HMGET: a typed read, so a foreign value
+--                                      under the hold key fails with WRONGTYPE before any write)
 -- fl_freed_chain(op, older, limit)  -> op followed by the ids of older, within limit bytes
 --                                      (default 64)
 -- fl_find_word(text, word, before, after) -> start and end of the first occurrence of word
