@@ -283,7 +283,7 @@ async fn acquire_loop(
         let given = if let Some(handed) = registration.handed() {
             registration.taken();
             if handed.within.is_some() {
-                // Claimed while its attempt was in flight, which queued it in Redis: its line
+                // Claimed while its attempt was in flight, which queued it in Redis: its place
                 // goes before anything else of this client reaches the queue.
                 queued.leave().await;
                 if driver.engine().ctx.is_closed() {

@@ -39,8 +39,8 @@ use crate::owner::{op_id, Owner};
 
 /// The hand-over of `hold` to the acquisition `waiter` of `owner` asking for a lease of
 /// `initial`, if it may happen without a call (see the module docs); None: it takes a release
-/// script. Not to a waiter queued in Redis: only a script takes its line out of the queue
-/// (otherwise a later release could grant the lock to that line, which nobody would take up).
+/// script. Not to a waiter queued in Redis: only a script takes its place out of the queue
+/// (otherwise a later release could grant the lock to that member, which nobody would take up).
 pub(crate) fn hand_over(
     hold: &DriverHold,
     waiter: &str,
