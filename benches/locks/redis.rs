@@ -262,16 +262,17 @@ pub async fn raw_command<R: fred::types::FromValue>(
         .map_err(|err| format!("{name} failed: {err}"))
 }
 
-/// How many waiters are queued in an exclusive lock's hash.
+/// How many waiters are queued for an exclusive lock: its hash's count `q` of the queue
+/// (`lua/lib/hold.lua`).
 pub async fn queued(client: &Client, hold: &str) -> Result<u64, String> {
-    let queue: Option<String> = raw_command(
+    let count: Option<String> = raw_command(
         client,
         "HGET",
         ClusterHash::FirstKey,
         vec![hold.to_owned(), "q".to_owned()],
     )
     .await?;
-    Ok(queue.map_or(0, |queue| queue.lines().count() as u64))
+    Ok(count.and_then(|count| count.parse().ok()).unwrap_or(0))
 }
 
 /// `CLIENT LIST`, one map of fields per connection.
