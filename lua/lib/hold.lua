@@ -228,7 +228,9 @@ local function fl_queue_call(queue, command, ...)
       error('WRONGTYPE fredlock key ' .. queue .. ' holds a ' .. redis.call('TYPE', queue).ok ..
         ', expected a zset')
     end
-    error(reply)
+    -- Any other refusal (out of memory): the same call again raises it as Redis raises it,
+    -- in every version (error() of the reply table fails before Redis 7).
+    return redis.call(command, queue, ...)
   end
   return reply
 end
