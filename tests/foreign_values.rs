@@ -245,6 +245,35 @@ async fn hold_key_clobbered_while_held_gives_wrong_type_on_unlock() {
     }
 }
 
+/// Two clients of `prefix`, one to hold a lock and one to wait for it, on one shard (so the
+/// test can name the lock's keys).
+async fn holder_and_waiter(
+    server: &RedisServer,
+    prefix: &str,
+    mode: NotificationMode,
+) -> (LockClient, LockClient) {
+    let holding = connect(sharded_config(&server.url(), prefix, mode, 1)).await;
+    let waiting = connect(sharded_config(&server.url(), prefix, mode, 1)).await;
+    (holding, waiting)
+}
+
+/// Once the foreign value at `key` is deleted, lock `name` works again for `waiting`; then
+/// both clients shut down.
+async fn cleared_the_lock_works_again(
+    server: &RedisServer,
+    key: &str,
+    name: &str,
+    (holding, waiting): (LockClient, LockClient),
+) {
+    server.cmd(&["DEL", key]);
+    let guard = bounded("lock", waiting.mutex(name).expect("mutex").lock())
+        .await
+        .expect("lock again");
+    bounded("unlock", guard.unlock()).await.expect("unlock");
+    shutdown(&holding).await;
+    shutdown(&waiting).await;
+}
+
 /// A foreign value planted at the hold key while a waiter waits (replacing the hash, as a
 /// clobbering writer would) is reported by the waiter's next attempt and by the holder's
 /// unlock, and neither changes it.
@@ -254,8 +283,7 @@ async fn foreign_value_at_the_hold_key_of_a_waited_lock_gives_wrong_type() {
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("fail-wt-wait-{}", mode.as_str());
-        let holding = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
-        let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let (holding, waiting) = holder_and_waiter(&server, &prefix, mode).await;
         let name = "wait-planted";
         let keys = mutex_keys(&prefix, 1, name);
         let holder = bounded("lock", holding.mutex(name).expect("mutex").lock())
@@ -283,14 +311,7 @@ async fn foreign_value_at_the_hold_key_of_a_waited_lock_gives_wrong_type() {
         assert_eq!(snapshot(&server, &keys.hold), planted, "{mode:?}: changed");
         assert_eq!(waiting.stats().waiting, 0, "{mode:?}: waiter left behind");
 
-        // Cleared, the lock works again.
-        server.cmd(&["DEL", &keys.hold, &queue_key(&keys.hold)]);
-        let guard = bounded("lock", waiting.mutex(name).expect("mutex").lock())
-            .await
-            .expect("lock again");
-        bounded("unlock", guard.unlock()).await.expect("unlock");
-        shutdown(&holding).await;
-        shutdown(&waiting).await;
+        cleared_the_lock_works_again(&server, &keys.hold, name, (holding, waiting)).await;
     }
 }
 
@@ -303,8 +324,7 @@ async fn foreign_value_at_the_queue_key_gives_wrong_type() {
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("fail-wt-queue-{}", mode.as_str());
-        let holding = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
-        let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let (holding, waiting) = holder_and_waiter(&server, &prefix, mode).await;
         let name = "queue-planted";
         let keys = mutex_keys(&prefix, 1, name);
         let queue = queue_key(&keys.hold);
@@ -339,14 +359,7 @@ async fn foreign_value_at_the_queue_key_gives_wrong_type() {
         );
         assert_eq!(waiting.stats().waiting, 0, "{mode:?}: waiter left behind");
         bounded("unlock", holder.unlock()).await.expect("unlock");
-
-        server.cmd(&["DEL", &queue]);
-        let guard = bounded("lock", waiting.mutex(name).expect("mutex").lock())
-            .await
-            .expect("lock again");
-        bounded("unlock", guard.unlock()).await.expect("unlock");
-        shutdown(&holding).await;
-        shutdown(&waiting).await;
+        cleared_the_lock_works_again(&server, &queue, name, (holding, waiting)).await;
     }
 }
 
@@ -362,8 +375,7 @@ async fn foreign_value_at_a_waiters_inbox_is_left_alone() {
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("fail-wt-inbox-{}", mode.as_str());
-        let holding = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
-        let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let (holding, waiting) = holder_and_waiter(&server, &prefix, mode).await;
         let name = "inbox-planted";
         let keys = mutex_keys(&prefix, 1, name);
         let holder = bounded("lock", holding.mutex(name).expect("mutex").lock())
