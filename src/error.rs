@@ -60,17 +60,19 @@ pub enum Error {
     #[error("Redis refused authentication: {0}")]
     Auth(#[source] fred::error::Error),
     /// The Redis ACL user may not run a command or touch a key the crate needs (`NOPERM`).
-    /// Retrying does not help; grant the commands and keys listed in `docs/design.md`.
+    /// Retrying does not help; grant the commands and keys listed in the module docs of
+    /// `tests/acl.rs` (a least-privilege user that the test proves sufficient).
     #[error("Redis ACL refused an operation: {0}")]
     Permission(#[source] fred::error::Error),
     /// One of the keys the lock uses (its hash, the shard's fencing counter, a queue) holds
     /// a value that fredlock did not write: another type (`WRONGTYPE`) or a non-numeric
     /// counter. The script changed nothing; the foreign value is left alone.
-    #[error("a key of lock {lock:?} (hold key {key:?} or one beside it) holds a foreign value")]
+    #[error("a key of lock {lock:?} ({key:?} or one beside it) holds a foreign value")]
     WrongType {
         /// The lock whose key is damaged.
         lock: String,
-        /// The lock's main key; the damaged key is this one or one of its siblings.
+        /// The damaged key when the script names it (the queue's, the shard's fence key), else
+        /// the lock's main key: then the damaged key is this one or one of its siblings.
         key: String,
     },
     /// Redis is out of memory (`maxmemory` reached); the script changed nothing.
