@@ -35,7 +35,7 @@ local waiter_lease, inbox, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7]
 local fields = fl_hold_read(hold)
 local current = fields[1]
 if current and waiter ~= '' and fields[8] == waiter then
-  return {1, tonumber(fields[3]), tonumber(fields[2]), redis.call('PTTL', hold)}
+  return {1, fields[3], tonumber(fields[2]), redis.call('PTTL', hold)}
 end
 -- The waiter's queue member: the same on every attempt of this acquisition.
 local grant_ms = math.max(math.min(lease, waiter_lease), 0)
@@ -64,15 +64,15 @@ if not current then
   if left_behind then
     redis.call('DEL', queue)
   end
-  return {1, tonumber(token), 1}
+  return {1, token, 1}
 end
 
 if member then
-  local count, k = fl_queue_join(queue, fields, member, fl_now_us())
+  local count, k = fl_queue_join(queue, fields, member)
   if k then
     redis.call('HSET', hold, 'q', '1', 'k', k)
   elseif count ~= fl_queue_count(fields) then
     redis.call('HSET', hold, 'q', string.format('%d', count))
   end
 end
-return {0, tonumber(fields[4]) or lease, tonumber(fields[3])}
+return {0, tonumber(fields[4]) or lease, fields[3] or nil}

@@ -71,11 +71,11 @@ local joins = successor ~= '' and successor_queues ~= '' and
     math.max(math.min(successor_lease, tonumber(successor_queues)), 0))
 if fl_chain_has(fields[6], op) then
   if successor_waiter ~= '' and fields[8] == successor_waiter then
-    return {1, 0, tonumber(fields[3]), queued}
+    return {1, 0, fields[3], queued}
   end
   if current and joins and queued > 0 and fl_queue_call(queue, 'ZSCORE', joins) then
     -- It granted the lock to the queue and queued the successor (a take-over), which waits.
-    return {2, tonumber(fields[4]) or 0, tonumber(fields[3])}
+    return {2, tonumber(fields[4]) or 0, fields[3]}
   end
   return {1, 0}
 end
@@ -91,7 +91,7 @@ if all ~= '1' and count > 1 then
 end
 -- Tokens the client issued within its process continue the hold's: what follows goes above.
 local floor = ARGV[15]
-if floor and floor ~= '' and tonumber(floor) > tonumber(fields[3]) then
+if floor and fl_above(floor, fields[3]) then
   fields[3] = floor
 else
   floor = nil
@@ -102,16 +102,15 @@ local freed_by = fl_freed_chain(op, fields[6])
 -- handed: whether the successor takes the hold over, with the queue as it is (false) or
 -- emptied (true); nil: no hand-over. Straight-line code, not a closure: a closure over this
 -- many locals costs the server more than the code it would share.
-local now, handed, head
+local handed, head
 -- The hold as the hand-over writes over it: as read, unless a grant wrote it meanwhile.
 local written = fields
 if successor ~= '' then
-  now = fl_now_us()
   -- With limit 0 (a fair lock's take-over) anybody queued is due, and a successor that asks
   -- by this call is never queued: no need to look.
   local any_due = limit == 0 and joins
   if not any_due then
-    head = fl_queue_due_head(queue, queued, now, fields[9] == '1' and 2 * limit or limit,
+    head = fl_queue_due_head(queue, queued, fields[9] == '1' and 2 * limit or limit,
       successor_waiter)
   end
   if queued == 0 or not (any_due or head) then
@@ -121,15 +120,15 @@ end
 if handed == nil then
   -- A successor asking by this call (a take-over) queues behind the waiter granted the lock.
   local granted, _, granted_token, granted_ms =
-    fl_grant_next(hold, queue, fields, freed_by, events, mode, lock_id, now, joins or nil, head)
+    fl_grant_next(hold, queue, fields, freed_by, events, mode, lock_id, joins or nil, head)
   if granted then
     if joins then
-      return {2, granted_ms, tonumber(granted_token)}
+      return {2, granted_ms, granted_token}
     end
     return {1, 0}
   end
   if successor == '' then
-    fl_free(hold, op, freed_by, window, floor)
+    fl_free(hold, op, freed_by, window, floor, queued == 0 and fields or nil)
     return {1, 0}
   end
   -- The queue had nobody left to grant (dead clients, waiters only woken): the successor
@@ -144,8 +143,8 @@ local left = queued
 if not joins then
   left = fl_queue_remove(queue, queued, fl_queue_find(queue, queued, successor_waiter))
 end
-local next_token, token_number = fl_token_after(tonumber(fields[3]), now)
+local next_token = fl_next_token(fields[3])
 local q = (handed or left ~= queued) and left or nil
 fl_hold_write(hold, queue, written, successor, next_token, ARGV[11], successor_waiter, freed_by,
   q, successor_waiter)
-return {1, 0, token_number, left}
+return {1, 0, next_token, left}

@@ -128,9 +128,9 @@ if takes then
     if not last then
       return redis.error_reply(refusal)
     end
-    token = fl_fence_next(fence, fence_arg, last, now_us)
+    token = fl_fence_next(fence, fence_arg, last)
   else
-    token = fl_token_after(tonumber(token), now_us)
+    token = fl_next_token(token)
   end
   if writing then
     state.writer, state.ends = owner, lease_end
@@ -144,7 +144,7 @@ if takes then
     end
   end
   fl_rw_keep(hold, state, now_ms, window)
-  return {1, tonumber(token), 1}
+  return {1, token, 1}
 end
 
 -- It waits: it queues (unless it only tries), at the tail; the lapsed holds it met go.

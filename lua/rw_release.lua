@@ -127,13 +127,13 @@ state.writer, state.ends = false, 0
 
 -- The successor takes the write hold over when nobody else is in line for it.
 local function hand_over()
-  local next_token = fl_token_after(tonumber(state.f or fields[3]), now_us)
+  local next_token = fl_next_token(state.f or fields[3])
   state.writer, state.ends = successor, now_ms + successor_lease
   redis.call('HSET', hold, 'o', successor, 'c', '1', 'f', next_token, 'l', ARGV[12],
     'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter,
     'e', string.format('%d', state.ends), 's', fl_rw_readers(state))
   fl_rw_keep(hold, state, now_ms, window)
-  return {1, 0, tonumber(next_token), 0}
+  return {1, 0, next_token, 0}
 end
 
 -- A successor that holds a read hold itself asks for an upgrade, which its own attempt refuses:

@@ -216,7 +216,7 @@ scripts! {
     rw_renew: [FENCE, NOTIFY, HOLD, RW],
     rw_inspect: [FENCE, NOTIFY, HOLD, RW],
     rw_force_unlock: [FENCE, NOTIFY, HOLD, RW],
-    hold_renew: [HOLD],
+    hold_renew: [FENCE, HOLD],
     hold_inspect: [],
 }
 
@@ -369,24 +369,60 @@ impl ScriptArgs {
     }
 }
 
-/// Reads a script reply that must be an array of integers.
+/// Reads a script reply that must be an array of whole numbers: integers, or decimal strings
+/// (the scripts return fencing tokens as the text they read them as, `lua/lib/fence.lua`:
+/// turning a 16-digit token into a Lua number costs the server more than its parsing here).
 pub(crate) fn int_array(script: &'static str, value: Value) -> crate::Result<Vec<i64>> {
     let protocol = |detail: String| crate::Error::Protocol { script, detail };
     match value {
         Value::Array(items) => items
             .into_iter()
-            .map(|item| match item {
-                Value::Integer(i) => Ok(i),
-                other => Err(protocol(format!("expected integers, got {other:?}"))),
+            .map(|item| {
+                match &item {
+                    Value::Integer(i) => Some(*i),
+                    Value::String(text) => decimal(text.as_bytes()),
+                    Value::Bytes(bytes) => decimal(bytes),
+                    _ => None,
+                }
+                .ok_or_else(|| protocol(format!("expected whole numbers, got {item:?}")))
             })
             .collect(),
         other => Err(protocol(format!("expected an array, got {other:?}"))),
     }
 }
 
+/// A whole number written in decimal digits (no sign, no leading zero, no other character).
+fn decimal(text: &[u8]) -> Option<i64> {
+    let leading_zero = text.len() > 1 && text[0] == b'0';
+    if text.is_empty() || leading_zero || !text.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn replies_read_tokens_as_integers_or_decimal_text_and_nothing_else() {
+        let reply = Value::Array(vec![
+            Value::Integer(1),
+            Value::String("1764260000123456".into()),
+            Value::Bytes(b"7".to_vec().into()),
+        ]);
+        assert_eq!(
+            int_array("t", reply).ok(),
+            Some(vec![1, 1_764_260_000_123_456, 7])
+        );
+        for bad in ["", "01", "-1", "1a", " 1", "99999999999999999999"] {
+            let reply = Value::Array(vec![Value::String(bad.into())]);
+            assert!(
+                matches!(int_array("t", reply), Err(crate::Error::Protocol { .. })),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn every_script_documents_keys_argv_and_return() {

@@ -1,5 +1,5 @@
--- fence.lua: library prelude for every script that issues fencing tokens, prepended by
--- src/scripts.rs. Not a script of its own.
+-- fence.lua: library prelude for every script that issues fencing tokens or reads the server
+-- clock, prepended by src/scripts.rs. Not a script of its own.
 --
 -- Fencing tokens are counted per shard, not per lock name: a lock name leaves no key behind
 -- once its hold, tombstone and queue expire. The shard's fence key "{P:s}:fence" (with the
@@ -23,31 +23,75 @@
 -- client whose shard count or mode differs from the other clients' is refused even after the
 -- record was lost. A key stamped with another layout is refused with "FLFENCE layout <stamp>".
 --
--- fl_fence_read(fence, arg)       -> the shard's last token (a number; 0 when the key is
---                                    missing and arg allows creating it), or nil and the
+-- fl_clock                         the TIME reply this call read (false before the first read:
+--                                      a script runs at one instant, so it reads TIME once)
+-- fl_now_us()                      -> the server clock in us, a number
+-- fl_now_text()                    -> the server clock in us as a decimal string, built from the
+--                                      TIME reply's text alone
+-- fl_above(a, b)                   -> whether decimal string a is a larger whole number than b
+--                                      (no leading zeros; nil or '' counts as 0)
+-- fl_next_token(last)              -> max(last + 1, the server clock in us) as a decimal string
+--                                      (last: a decimal string, nil or '' for none)
+--
+-- Numbers cost the server: Lua turns text into a number with strtod, and a number into text
+-- (tostring, "..", "%.0f", or Redis for a number passed to redis.call) through the
+-- floating-point path of sprintf, each a few thousand instructions for a 16-digit token. So
+-- tokens and clock readings stay text from the reply they are read from to the reply that
+-- returns them (the client parses them; see `int_array` in src/scripts.rs), compared as
+-- decimal text, and the other numbers these scripts pass to Redis go through
+-- string.format('%d') or are passed as text (ARGV as given, literals quoted).
+--
+-- fl_fence_read(fence, arg)       -> the shard's last token (a decimal string; '0' when the
+--                                    key is missing and arg allows creating it), or nil and the
 --                                    refusal text. arg is the fence ARGV "<0|1><layout>" (1: the
 --                                    client has just checked the layout record). Reads only
 --                                    (GET is a typed read; a foreign string is WRONGTYPE).
--- fl_fence_next(fence, arg, last, now_us) -> the next token (max(last + 1, server us)) as a
---                                    decimal string (now_us: the server clock in us if the
---                                    script read it already, else nil: read here);
---                                    writes the key
--- fl_fence_text(token)            -> a token number as a decimal string
-local function fl_fence_text(token)
-  return string.format('%d', token)
+-- fl_fence_next(fence, arg, last) -> the next token (max(last + 1, server us), fl_next_token
+--                                    in lib/hold.lua) as a decimal string; writes the key
+
+local fl_clock = false
+
+local function fl_now_us()
+  if not fl_clock then
+    fl_clock = redis.call('TIME')
+  end
+  return fl_clock[1] * 1000000 + fl_clock[2]
+end
+
+local function fl_now_text()
+  if not fl_clock then
+    fl_clock = redis.call('TIME')
+  end
+  return fl_clock[1] .. string.sub('00000' .. fl_clock[2], -6)
+end
+
+local function fl_above(a, b)
+  a, b = a or '', b or ''
+  if #a ~= #b then
+    return #a > #b
+  end
+  return a > b
+end
+
+local function fl_next_token(last)
+  local now = fl_now_text()
+  if fl_above(now, last) then
+    return now
+  end
+  return string.format('%d', tonumber(last) + 1)
 end
 
 local function fl_fence_read(fence, arg)
   local value = redis.call('GET', fence)
   if not value then
     if string.sub(arg, 1, 1) == '1' then
-      return 0
+      return '0'
     end
     return nil, 'FLFENCE missing'
   end
   local sep = string.find(value, '|', 1, true)
-  local last = sep and tonumber(string.sub(value, 1, sep - 1))
-  if not last then
+  local last = sep and string.sub(value, 1, sep - 1)
+  if not (last and (last == '0' or string.find(last, '^[1-9]%d*$'))) then
     error('WRONGTYPE fredlock key ' .. fence .. ' holds a foreign string')
   end
   if string.sub(value, sep + 1) ~= string.sub(arg, 2) then
@@ -56,16 +100,8 @@ local function fl_fence_read(fence, arg)
   return last
 end
 
-local function fl_fence_next(fence, arg, last, now_us)
-  local token = now_us
-  if not token then
-    local clock = redis.call('TIME')
-    token = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  end
-  if token <= last then
-    token = last + 1
-  end
-  local text = fl_fence_text(token)
-  redis.call('SET', fence, text .. '|' .. string.sub(arg, 2))
-  return text
+local function fl_fence_next(fence, arg, last)
+  local token = fl_next_token(last)
+  redis.call('SET', fence, token .. '|' .. string.sub(arg, 2))
+  return token
 end

@@ -72,20 +72,6 @@
 --                                      that starts the text or follows byte `before`, and
 --                                      ends it or precedes byte `after`; nil when none
 -- fl_chain_has(x, op)              -> whether op is one of the ids of the freed chain x
--- FL_CLOCK                         the server clock as this call read it ({us = number}; empty
---                                      before the first read)
--- fl_now_us()                      -> the server clock in us (TIME, read once per call: a
---                                      script runs at one instant)
--- fl_us_text(us)                   -> a whole number (a token, a time in us) in decimal
---
--- Numbers cost the server in formatting: Lua's own (tostring, "..", "%.0f") and Redis's, for a
--- number passed to redis.call, format through the floating-point path of sprintf, a few
--- thousand instructions each; "%d" takes the integer path. So every number these scripts
--- pass to Redis or build into text goes through string.format('%d') or is passed as text
--- (ARGV as given, literals quoted).
--- fl_token_after(last, now_us)     -> max(last + 1, now_us), as a decimal string and as a
---                                      number
--- fl_clock_after(last)             -> fl_token_after(last, fl_now_us())
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
 -- fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g) writes a new hold over
@@ -93,14 +79,15 @@
 --                                      queue's, while anybody is queued) to lease (q: the new
 --                                      count of the queue, nil when it stays as read; lease in
 --                                      ms, best as the ARGV text); returns token
--- fl_reenter(hold, queue, fields, owner, op, lease) -> {1, token, count} (lease: ms, as text)
+-- fl_reenter(hold, queue, fields, owner, op, lease) -> {1, token, count} (lease: ms, as text;
+--                                      the token as text)
 -- fl_queue_call(queue, command, ...) -> redis.call(command, queue, ...), but a foreign value
 --                                      there fails with a WRONGTYPE error that names the key
 -- fl_queue_count(fields)            -> how many waiters are queued (field q)
 -- fl_queue_member(waiter, inbox, owner, lease, grant_ms) -> the waiter's queue member
 -- fl_queue_parse(member)            -> its waiter id, inbox tag, owner id and grant ms (text)
--- fl_queue_join(queue, fields, member, now_us) -> the count after adding member, scored
---                                      now_us, unless it is queued already (ZADD NX); for a
+-- fl_queue_join(queue, fields, member) -> the count after adding member, scored by the
+--                                      clock, unless it is queued already (ZADD NX); for a
 --                                      queue it creates, which gets twice the hold's l as its
 --                                      ttl, also the new k
 -- fl_queue_outlast(k, count, ttl)   -> when a queue of count members that expires at k (field k)
@@ -112,13 +99,12 @@
 --                                      waiter id alone)
 -- fl_queue_remove(queue, count, member) -> the count after removing member, and whether it
 --                                      was queued
--- fl_queue_due_head(queue, count, now_us, wait_ms, except) -> the first member when it has
---                                      waited wait_ms or more by now_us and is not the waiter
---                                      `except`; nil otherwise
--- fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail, head) -> true,
---   the count left, the token and the grant ms when granted; false when nobody was left (the
---   queue is then empty). now_us: the server clock if the caller read it already (else nil);
---   tail: a member to queue behind the granted waiter in the same call (else nil); head: the
+-- fl_queue_due_head(queue, count, wait_ms, except) -> the first member when it has waited
+--                                      wait_ms or more by now and is not the waiter `except`;
+--                                      nil otherwise
+-- fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail, head) -> true, the count
+--   left, the token (text) and the grant ms when granted; false when nobody was left (the
+--   queue is then empty). tail: a member to queue behind the granted waiter in the same call (else nil); head: the
 --   queue's first member if the caller read it already (else nil)
 --   Queues tail first (its ZADD, which needs memory, is then the call's first write), then
 --   grants the lock to the first waiter whose client is there to hear it, taking the others
@@ -129,9 +115,11 @@
 --   "0|grant|<waiter>,<token>,<grant ms>,<queued>|<lock id>" (queued: how many waiters
 --   stay queued behind it) to its client's inbox (fl_emit_to in lib/notify.lua, which also
 --   tells whether the client is there to hear it).
--- fl_free(hold, op, x, window, token) leaves the tombstone of a freed lock (window in ms,
---                                      best as the ARGV text; token: the lock's last token as
---                                      a decimal string when it moved past f, else nil)
+-- fl_free(hold, op, x, window, token, fields) leaves the tombstone of a freed lock (window in
+--                                      ms, best as the ARGV text; token: the lock's last token
+--                                      as a decimal string when it moved past f, else nil;
+--                                      fields: the hold as read, when nothing wrote it since,
+--                                      else nil)
 local function fl_hold_read(hold)
   local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 't', 'k')
   if v[1] == '' then
@@ -185,34 +173,9 @@ local function fl_chain_has(chain, op)
   return fl_find_word(chain, op, 44, 44) ~= nil
 end
 
-local FL_CLOCK = {}
-
-local function fl_now_us()
-  if not FL_CLOCK.us then
-    local clock = redis.call('TIME')
-    FL_CLOCK.us = clock[1] * 1000000 + clock[2]
-  end
-  return FL_CLOCK.us
-end
-
-local function fl_us_text(us)
-  return string.format('%d', us)
-end
-
-local function fl_token_after(last, now_us)
-  if now_us <= last then
-    now_us = last + 1
-  end
-  return fl_us_text(now_us), now_us
-end
-
-local function fl_clock_after(last)
-  return (fl_token_after(last, fl_now_us()))
-end
-
 local function fl_hold_token(fields, fence, fence_arg)
   if fields[3] then
-    return fl_clock_after(tonumber(fields[3]))
+    return fl_next_token(fields[3])
   end
   local last, refusal = fl_fence_read(fence, fence_arg)
   if not last then
@@ -256,24 +219,27 @@ local function fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, 
   -- the count, the ttl and the turn mark are left out when they hold their value already.
   -- Numbers go to Redis as strings: Lua turns a number argument into text with sprintf,
   -- which costs the server about half a microsecond each (callers pass lease as the ARGV text).
-  local args = {'o', owner, 'f', token, 'r', r, 'x', x or '', 'g', g}
+  -- The arguments' table is built at its largest size at once: growing it rehashes it.
+  local args = {'o', owner, 'f', token, 'r', r, 'x', x or '', 'g', g,
+    false, false, false, false, false, false, false, false, false, false}
+  local n = 10
   if fields[2] ~= '1' then
-    args[#args + 1], args[#args + 2] = 'c', '1'
+    args[n + 1], args[n + 2], n = 'c', '1', n + 2
   end
   if fields[4] ~= lease then
-    args[#args + 1], args[#args + 2] = 'l', lease
+    args[n + 1], args[n + 2], n = 'l', lease, n + 2
   end
   if fields[9] ~= '' then
-    args[#args + 1], args[#args + 2] = 't', ''
+    args[n + 1], args[n + 2], n = 't', '', n + 2
   end
   if q then
-    args[#args + 1], args[#args + 2] = 'q', q == '' and q or string.format('%d', q)
+    args[n + 1], args[n + 2], n = 'q', q == '' and q or string.format('%d', q), n + 2
   end
   local k, queue_ttl = fl_queue_outlast(fields[10], tonumber(q or fields[7]) or 0, lease)
   if k then
-    args[#args + 1], args[#args + 2] = 'k', k
+    args[n + 1], args[n + 2], n = 'k', k, n + 2
   end
-  redis.call('HSET', hold, unpack(args))
+  redis.call('HSET', hold, unpack(args, 1, n))
   redis.call('PEXPIRE', hold, lease)
   if queue_ttl then
     redis.call('PEXPIRE', queue, queue_ttl)
@@ -282,7 +248,7 @@ local function fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, 
 end
 
 local function fl_reenter(hold, queue, fields, owner, op, lease)
-  local token, count = tonumber(fields[3]), tonumber(fields[2])
+  local token, count = fields[3], tonumber(fields[2])
   if fields[5] == op then
     return {1, token, count}
   end
@@ -308,16 +274,16 @@ local function fl_queue_parse(member)
   return string.match(member, '^(%S+) (%S+) (%S+) %d+ (%d+)$')
 end
 
-local function fl_queue_join(queue, fields, member, now_us)
+local function fl_queue_join(queue, fields, member)
   local count = fl_queue_count(fields)
-  if fl_queue_call(queue, 'ZADD', 'NX', fl_us_text(now_us), member) == 0 then
+  if fl_queue_call(queue, 'ZADD', 'NX', fl_now_text(), member) == 0 then
     return count
   end
   if count == 0 then
     -- A new queue: it outlasts the hold, whose remaining ttl l bounds.
     local ms = tonumber(fields[4])
     redis.call('PEXPIRE', queue, string.format('%d', 2 * ms))
-    return 1, string.format('%d', math.floor(now_us / 1000) + 2 * ms)
+    return 1, string.format('%d', math.floor(fl_now_us() / 1000) + 2 * ms)
   end
   return count + 1
 end
@@ -344,12 +310,13 @@ local function fl_queue_remove(queue, count, member)
   return count - 1, true
 end
 
-local function fl_queue_due_head(queue, count, now_us, wait_ms, except)
+local function fl_queue_due_head(queue, count, wait_ms, except)
   if count == 0 then
     return nil
   end
   -- The comparison runs in Redis: no score comes back to be formatted and parsed.
-  local due = fl_queue_call(queue, 'ZRANGEBYSCORE', '-inf', fl_us_text(now_us - wait_ms * 1000),
+  local due = fl_queue_call(queue, 'ZRANGEBYSCORE', '-inf',
+    string.format('%d', fl_now_us() - wait_ms * 1000),
     'LIMIT', '0', '1')[1]
   if due and except ~= '' and fl_queue_parse(due) == except then
     return nil
@@ -357,7 +324,7 @@ local function fl_queue_due_head(queue, count, now_us, wait_ms, except)
   return due
 end
 
-local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_us, tail, head)
+local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail, head)
   local count = fl_queue_count(fields)
   if count == 0 then
     return false
@@ -365,8 +332,7 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_
   -- The script's first write needs memory: the ZADD of a tail, else the HSET of the hold
   -- (the head is read first and removed after it). So a server out of memory refuses it and
   -- nothing has changed; after a write, Redis refuses none, and a pop may come first.
-  now_us = now_us or fl_now_us()
-  local joined = tail and fl_queue_call(queue, 'ZADD', 'NX', fl_us_text(now_us), tail) == 1
+  local joined = tail and fl_queue_call(queue, 'ZADD', 'NX', fl_now_text(), tail) == 1
   local text
   while count > 0 do
     local popped = false
@@ -381,15 +347,12 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_
     count = count - 1
     local waiter, inbox, owner, lasts = fl_queue_parse(head)
     if waiter and lasts ~= '0' then
-      text = text or fl_token_after(tonumber(fields[3]), now_us)
+      text = text or fl_next_token(fields[3])
       local left = joined and count + 1 or count
       local k, queue_ttl = fl_queue_outlast(fields[10], left, lasts)
       local args = {'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter, 'x', x,
-        'q', string.format('%d', left), 'g', waiter, 't', '1'}
-      if k then
-        args[#args + 1], args[#args + 2] = 'k', k
-      end
-      redis.call('HSET', hold, unpack(args))
+        'q', string.format('%d', left), 'g', waiter, 't', '1', 'k', k or ''}
+      redis.call('HSET', hold, unpack(args, 1, k and 20 or 18))
       if not popped then
         fl_queue_call(queue, 'ZREM', head)
       end
@@ -420,12 +383,16 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, now_
   return false
 end
 
-local function fl_free(hold, op, x, window, token)
-  if token then
-    redis.call('HSET', hold, 'o', '', 'c', '0', 'r', op, 'x', x, 'q', '', 'g', '', 't', '',
-      'f', token)
-  else
-    redis.call('HSET', hold, 'o', '', 'c', '0', 'r', op, 'x', x, 'q', '', 'g', '', 't', '')
+local function fl_free(hold, op, x, window, token, fields)
+  local args = {'o', '', 'c', '0', 'r', op, 'x', x, 'f', token or '',
+    'q', '', 'g', '', 't', ''}
+  local n = token and 10 or 8
+  for at = 7, 9 do
+    -- Fields the hold has cleared already are left alone (with fields read before any write).
+    if not fields or (fields[at] or '') ~= '' then
+      args[n + 1], args[n + 2], n = args[2 * at - 3], '', n + 2
+    end
   end
+  redis.call('HSET', hold, unpack(args, 1, n))
   redis.call('PEXPIRE', hold, window)
 end

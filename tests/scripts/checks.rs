@@ -145,7 +145,10 @@ fn hold_renew_sets_the_lease_field_and_the_ttl() {
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew_script = composed(&[HOLD_LIB], include_str!("../../lua/hold_renew.lua"));
+    let renew_script = composed(
+        &[FENCE_LIB, HOLD_LIB],
+        include_str!("../../lua/hold_renew.lua"),
+    );
     let other = "{t:0}:mutex:y";
     let renew = |lease: i64, holds: &[(&str, &str, i64)]| {
         let lease = lease.to_string();
@@ -434,7 +437,10 @@ fn hold_scripts_refuse_a_foreign_value_at_the_hold_key_before_changing_anything(
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew = composed(&[HOLD_LIB], include_str!("../../lua/hold_renew.lua"));
+    let renew = composed(
+        &[FENCE_LIB, HOLD_LIB],
+        include_str!("../../lua/hold_renew.lua"),
+    );
     let inspect = composed(&[], include_str!("../../lua/hold_inspect.lua"));
     lua.open_inboxes(&["b"]);
     server.cmd(&["SET", FENCE, &format!("17|{LAYOUT}")]);
@@ -483,7 +489,10 @@ fn hold_scripts_refuse_a_foreign_value_at_the_queue_key_before_changing_anything
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew = composed(&[HOLD_LIB], include_str!("../../lua/hold_renew.lua"));
+    let renew = composed(
+        &[FENCE_LIB, HOLD_LIB],
+        include_str!("../../lua/hold_renew.lua"),
+    );
     lua.open_inboxes(&["b"]);
     let inbox_b = inbox("b");
     for kind in ["string", "list", "set", "stream"] {
