@@ -71,8 +71,11 @@ pub struct LoopResult {
     /// The longest wait among the acquisitions made inside the window.
     pub longest_wait_in_window_us: u64,
     /// Pairs of acquisitions where the later arrival (by more than [`INVERSION_MARGIN_US`])
-    /// acquired first (see [`inversions`]).
+    /// acquired first (see [`inversions`]), among the `lock()` calls made once every task had
+    /// acquired the lock once (see [`ramp_up_end`]): the lock's own ordering.
     pub inversions: u64,
+    /// The same over every acquisition, the ramp-up's included.
+    pub inversions_all: u64,
     /// Acquisitions that waited longer than [`STALL_US`].
     pub stalls: u64,
     pub per_task_min: u64,
@@ -149,6 +152,7 @@ impl LoopResult {
             "cpu_us_per_acquisition_redis": round2(redis_cpu),
             "commands_per_acquisition": round(self.commands_per_acquisition(), 2),
             "fifo_inversions": self.inversions,
+            "fifo_inversions_with_ramp_up": self.inversions_all,
             "machine_busy": round(self.machine_busy(), 3),
             "redis_commands_per_acquisition": self.commands.json(self.in_window),
             "handoff_other": self.handoff_other.json(),
@@ -232,7 +236,8 @@ pub fn analyze(
         wait_read: Summary::of(&wait_read, 1.0),
         wait_write: Summary::of(&wait_write, 1.0),
         longest_wait_in_window_us: longest_in_window,
-        inversions: inversions(&records),
+        inversions: inversions(&records, ramp_up_end(&records)),
+        inversions_all: inversions(&records, 0),
         stalls: records
             .iter()
             .filter(|r| r.acquire.saturating_sub(r.start) > STALL_US)
@@ -310,10 +315,26 @@ pub fn per_task_range(records: &[Record]) -> (u64, u64) {
     (min, max)
 }
 
+/// When every task had acquired the lock once (wall-clock µs; 0 without records): the end of
+/// the ramp-up. Before it, the tasks' first `lock()` calls share one instant (`GO`), and the
+/// order in which they reach Redis, which is the order a fair lock serves, is the OS
+/// scheduler's: with many processes on few CPUs, a call made first can reach Redis several
+/// milliseconds after calls made later. After it, each task calls again when its own hold ends.
+pub fn ramp_up_end(records: &[Record]) -> u64 {
+    let mut first: BTreeMap<u64, u64> = BTreeMap::new();
+    for record in records {
+        let at = first.entry(record.task).or_insert(record.acquire);
+        *at = (*at).min(record.acquire);
+    }
+    first.into_values().max().unwrap_or(0)
+}
+
 /// FIFO inversions: pairs (a, b) where b called `lock()` more than [`INVERSION_MARGIN_US`]
-/// after a, while a was waiting, and acquired before a. `records` must be sorted by acquire
-/// time. Counted with a Fenwick tree over the arrival times of those acquired so far.
-pub fn inversions(records: &[Record]) -> u64 {
+/// after a, while a was waiting, and acquired before a, among the calls made at `since` or
+/// later. `records` must be sorted by acquire time. Counted with a Fenwick tree over the
+/// arrival times of those acquired so far.
+pub fn inversions(records: &[Record], since: u64) -> u64 {
+    let records: Vec<&Record> = records.iter().filter(|r| r.start >= since).collect();
     let mut starts: Vec<u64> = records.iter().map(|r| r.start).collect();
     starts.sort_unstable();
     let mut tree = vec![0u64; starts.len() + 1];

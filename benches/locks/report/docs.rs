@@ -82,7 +82,12 @@ const MEANING: &str = "\
   waiting task on release. *Redis commands / acq* and *Redis CPU / acq* say what each
   acquisition costs the server: they should not grow with the number of processes.
 * **FairMutex** grants in arrival order: S3 and the *FIFO inversions* columns count the pairs
-  of waiters served out of order (an inversion needs arrivals more than 1 ms apart).
+  of waiters served out of order (an inversion needs arrivals more than 1 ms apart). Arrival is
+  when the task called `lock()`; a fair lock can only serve calls in the order they reach
+  Redis. In S2 and S7 every task makes its first call at one instant, and with dozens of
+  processes on two CPUs the scheduler may hold a call made first for milliseconds while later
+  ones reach Redis: the loops count inversions among the calls made after the ramp-up (once
+  every task has acquired once), and show the count with the ramp-up beside it.
 * **Violations** (overlapping holds, lost counter increments) must be 0 for every lock.
 * **S4** is the memory and connections a waiting task costs, **S5** the wake-up latency of the
   two notification modes, **S6** how quickly waiters recover when the notifier connection is

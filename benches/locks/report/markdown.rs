@@ -178,14 +178,14 @@ pub fn loop_table(title: &str, results: &[(String, &LoopResult)]) -> String {
     out += "\n| lock | wait p50 | wait p99 | longest wait: in window / overall | waits > 1 s \
             | acquisitions per task min–max | drain after window | CPU µs per acquisition \
             (workers / redis) | machine busy | Redis commands per acquisition (EVALSHA, server \
-            µs per call) | FIFO inversions | overlapping holds | counter / increments | unlock \
+            µs per call) | FIFO inversions (after ramp-up / all) | overlapping holds | counter / increments | unlock \
             errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (label, r) in results {
         let (workers_cpu, redis_cpu) = r.cpu_per_acquisition();
         let (evalsha, evalsha_us) = r.commands.per_op("evalsha", r.in_window);
         out += &format!(
             "| {label} | {} | {} | {:.1} ms / {:.1} ms | {} | {}–{} | {:.3} s | {:.0} / {:.0} | \
-             {:.0} % | {:.1} ({:.2}, {:.1}) | {} | {} | {} / {} | {} |\n",
+             {:.0} % | {:.1} ({:.2}, {:.1}) | {} / {} | {} | {} / {} | {} |\n",
             times_ping(r.wait.p50, r.ping.p50),
             times_ping(r.wait.p99, r.ping.p50),
             r.longest_wait_in_window_us as f64 / 1000.0,
@@ -201,6 +201,7 @@ pub fn loop_table(title: &str, results: &[(String, &LoopResult)]) -> String {
             evalsha,
             evalsha_us,
             r.inversions,
+            r.inversions_all,
             r.overlaps,
             r.counter,
             r.writes,

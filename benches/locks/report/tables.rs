@@ -242,13 +242,13 @@ pub fn s7_table(r: &S7Result) -> String {
     );
     out += "| shape | lock | PING p50 | acq/s (× PING) | acq/s of the rounds | Redis commands / acq | Redis CPU µs / \
             acq | client CPU µs / acq | wait p50 | wait p99 | longest wait: in window / all | violations | FIFO \
-            inversions | wakeups / acq |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+            inversions (after ramp-up / all) | wakeups / acq |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for row in &r.rows {
         let l = &row.result;
         let (client_cpu, redis_cpu) = l.cpu_per_acquisition();
         out += &format!(
             "| {} | {} | {:.1} | **{:.0}** ({:.3}) | {} | **{:.1}** | {:.0} | {:.0} | {} | {} | \
-             {:.1} / {:.1} ms | {} | {} | {:.2} |\n",
+             {:.1} / {:.1} ms | {} | {} / {} | {:.2} |\n",
             row.shape.label(),
             row.subject(),
             l.ping.p50,
@@ -268,6 +268,7 @@ pub fn s7_table(r: &S7Result) -> String {
             l.wait.max / 1e3,
             l.violations(),
             l.inversions,
+            l.inversions_all,
             l.wakeups_per_acquisition()
         );
     }
