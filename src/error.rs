@@ -60,8 +60,8 @@ pub enum Error {
     #[error("Redis refused authentication: {0}")]
     Auth(#[source] fred::error::Error),
     /// The Redis ACL user may not run a command or touch a key the crate needs (`NOPERM`).
-    /// Retrying does not help; grant the commands and keys listed in the module docs of
-    /// `tests/acl.rs` (a least-privilege user that the test proves sufficient).
+    /// Retrying does not help; grant the commands and keys listed in docs/design.md §10.1
+    /// (a least-privilege user that `tests/acl.rs` proves sufficient).
     #[error("Redis ACL refused an operation: {0}")]
     Permission(#[source] fred::error::Error),
     /// One of the keys the lock uses (its hash, the shard's fencing counter, a queue) holds

@@ -3,28 +3,14 @@
 //!
 //! # Minimal ACL user
 //!
-//! A client needs only the commands below, on keys and channels under its own prefix `P`
-//! (`{P:<shard>}:…` and `{P:layout}`). Every state change is a Lua script; Redis checks the
-//! commands a script calls against the caller's ACL too, so they are listed as well.
-//!
-//! ```text
-//! ACL SETUSER locker on >PASSWORD resetkeys ~{P:* resetchannels &{P:* -@all
-//!     +client|id +info                        # connection setup (fred)
-//!     +set +get                               # the layout record {P:layout}
-//!     +evalsha +eval                          # every lock operation is a script
-//!     +xread +xrevrange +client|unblock       # notifier, Stream mode
-//!     +subscribe                              # notifier, Pub/Sub mode
-//!     +del +exists +hmget +hset +pexpire +pttl +publish +time +type +xadd +xdel +zadd
-//!     +zcard +zpopmin +zrange +zrangebyscore +zrem +zscore  # inside the scripts
-//! ```
-//!
-//! Add `+ssubscribe +spublish` on a Redis Cluster in Pub/Sub mode, `+wait` with
-//! `Config::replica_acks > 0`, `+select` for a database index in the URL. `AUTH`, `HELLO` and
-//! `QUIT` need no grant. [`acl_commands`] is that list; `acl_list_covers_every_script_command`
-//! keeps it in step with `lua/`, and `acl_user_limited_to_its_prefix_runs_every_lock_kind`
-//! proves it sufficient (the server's `ACL LOG` stays empty while every lock kind acquires,
-//! waits, is woken, renews, extends, times out, force-unlocks and shuts down in both
-//! notification modes).
+//! docs/design.md §10.1 documents the least-privilege user: the commands a client needs, on
+//! keys and channels under its own prefix. [`acl_commands`] is that list, split into the
+//! client's own commands and the ones its scripts call;
+//! `the_documented_acl_block_grants_exactly_the_tested_commands` keeps the doc's block and
+//! the list in step, `acl_list_covers_every_script_command` keeps the list in step with `lua/`,
+//! and `acl_user_limited_to_its_prefix_runs_every_lock_kind` proves it sufficient (the server's
+//! `ACL LOG` stays empty while every lock kind acquires, waits, is woken, renews, extends, times
+//! out, force-unlocks and shuts down in both notification modes).
 //!
 //! With such a user a client configured for another prefix fails to connect with
 //! [`Error::Permission`] (the `NOPERM` reply to the layout record), and nothing outside the prefix
@@ -42,8 +28,8 @@ use support::{
     MODES,
 };
 
-/// Commands (ACL names, lower case) a least-privilege user needs outside the scripts; see the
-/// module docs.
+/// Commands (ACL names, lower case) a least-privilege user needs outside the scripts
+/// (docs/design.md §10.1).
 const ACL_CLIENT_COMMANDS: &[&str] = &[
     // connection setup: fred caches the connection id (for CLIENT UNBLOCK) and server version
     "client|id",
@@ -84,7 +70,7 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "zscore",
 ];
 
-/// Every command a least-privilege user needs (see the module docs).
+/// Every command a least-privilege user needs (docs/design.md §10.1).
 fn acl_commands() -> impl Iterator<Item = &'static str> {
     ACL_CLIENT_COMMANDS
         .iter()
@@ -128,6 +114,40 @@ fn script_commands() -> BTreeSet<String> {
         }
     }
     found
+}
+
+/// The commands the `ACL SETUSER` block of docs/design.md §10.1 grants (`+name`), lower case.
+fn documented_acl_commands() -> BTreeSet<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/design.md");
+    let doc = std::fs::read_to_string(&path).expect("read docs/design.md");
+    let block = doc
+        .split("```text\nACL SETUSER locker")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/design.md has the ACL SETUSER block");
+    block
+        .split_whitespace()
+        .filter_map(|word| word.strip_prefix('+'))
+        .map(str::to_ascii_lowercase)
+        .collect()
+}
+
+#[test]
+fn the_documented_acl_block_grants_exactly_the_tested_commands() {
+    let documented = documented_acl_commands();
+    let tested: BTreeSet<String> = acl_commands().map(str::to_owned).collect();
+    assert_eq!(
+        documented, tested,
+        "docs/design.md §10.1 and tests/acl.rs grant different commands"
+    );
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/design.md");
+    let doc = std::fs::read_to_string(&path).expect("read docs/design.md");
+    for extra in ACL_CONDITIONAL {
+        assert!(
+            doc.contains(&format!("`+{extra}")) || doc.contains(&format!(" +{extra}")),
+            "docs/design.md §10.1 does not mention the conditional grant +{extra}"
+        );
+    }
 }
 
 #[test]
