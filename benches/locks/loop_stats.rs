@@ -70,6 +70,9 @@ pub struct LoopResult {
     pub wait_write: Summary,
     /// The longest wait among the acquisitions made inside the window.
     pub longest_wait_in_window_us: u64,
+    /// The longest wait among the acquisitions inside the window whose `lock()` call came after
+    /// the ramp-up ([`ramp_up_end`]): the steady state, without the start instant's crowd.
+    pub longest_wait_steady_us: u64,
     /// Pairs of acquisitions where the later arrival (by more than [`INVERSION_MARGIN_US`])
     /// acquired first (see [`inversions`]), among the `lock()` calls made once every task had
     /// acquired the lock once (see [`ramp_up_end`]): the lock's own ordering.
@@ -164,6 +167,7 @@ impl LoopResult {
             "wait_write": self.wait_write.json(),
             "longest_wait_us": self.wait.max,
             "longest_wait_in_window_us": self.longest_wait_in_window_us,
+            "longest_wait_after_ramp_up_us": self.longest_wait_steady_us,
             "waits_over_1s": self.stalls,
             "per_task_min": self.per_task_min,
             "per_task_max": self.per_task_max,
@@ -198,7 +202,8 @@ pub fn analyze(
     let (handoff_other, handoff_same, same) = handoffs(&records);
     let (per_task_min, per_task_max) = per_task_range(&records);
     let (mut wait, mut wait_read, mut wait_write) = (histogram(), histogram(), histogram());
-    let mut longest_in_window = 0;
+    let ramp_up = ramp_up_end(&records);
+    let (mut longest_in_window, mut longest_steady) = (0, 0);
     for record in &records {
         let waited = record.acquire.saturating_sub(record.start).max(1);
         wait.saturating_record(waited);
@@ -209,6 +214,9 @@ pub fn analyze(
         }
         if record.acquire < window.end {
             longest_in_window = longest_in_window.max(waited);
+            if record.start >= ramp_up {
+                longest_steady = longest_steady.max(waited);
+            }
         }
     }
     LoopResult {
@@ -236,7 +244,8 @@ pub fn analyze(
         wait_read: Summary::of(&wait_read, 1.0),
         wait_write: Summary::of(&wait_write, 1.0),
         longest_wait_in_window_us: longest_in_window,
-        inversions: inversions(&records, ramp_up_end(&records)),
+        longest_wait_steady_us: longest_steady,
+        inversions: inversions(&records, ramp_up),
         inversions_all: inversions(&records, 0),
         stalls: records
             .iter()

@@ -87,7 +87,9 @@ const MEANING: &str = "\
   Redis. In S2 and S7 every task makes its first call at one instant, and with dozens of
   processes on two CPUs the scheduler may hold a call made first for milliseconds while later
   ones reach Redis: the loops count inversions among the calls made after the ramp-up (once
-  every task has acquired once), and show the count with the ramp-up beside it.
+  every task has acquired once), and show the count with the ramp-up beside it. The *longest
+  wait* columns show the steady state (calls after the ramp-up) beside the window's and the
+  whole run's; the targets judge the window's, ramp-up included.
 * **Violations** (overlapping holds, lost counter increments) must be 0 for every lock.
 * **S4** is the memory and connections a waiting task costs, **S5** the wake-up latency of the
   two notification modes, **S6** how quickly waiters recover when the notifier connection is

@@ -175,7 +175,7 @@ pub fn loop_table(title: &str, results: &[(String, &LoopResult)]) -> String {
             r.wakeups_per_acquisition()
         );
     }
-    out += "\n| lock | wait p50 | wait p99 | longest wait: in window / overall | waits > 1 s \
+    out += "\n| lock | wait p50 | wait p99 | longest wait: after ramp-up / in window / overall | waits > 1 s \
             | acquisitions per task min–max | drain after window | CPU µs per acquisition \
             (workers / redis) | machine busy | Redis commands per acquisition (EVALSHA, server \
             µs per call) | FIFO inversions (after ramp-up / all) | overlapping holds | counter / increments | unlock \
@@ -184,10 +184,11 @@ pub fn loop_table(title: &str, results: &[(String, &LoopResult)]) -> String {
         let (workers_cpu, redis_cpu) = r.cpu_per_acquisition();
         let (evalsha, evalsha_us) = r.commands.per_op("evalsha", r.in_window);
         out += &format!(
-            "| {label} | {} | {} | {:.1} ms / {:.1} ms | {} | {}–{} | {:.3} s | {:.0} / {:.0} | \
+            "| {label} | {} | {} | {:.1} ms / {:.1} ms / {:.1} ms | {} | {}–{} | {:.3} s | {:.0} / {:.0} | \
              {:.0} % | {:.1} ({:.2}, {:.1}) | {} / {} | {} | {} / {} | {} |\n",
             times_ping(r.wait.p50, r.ping.p50),
             times_ping(r.wait.p99, r.ping.p50),
+            r.longest_wait_steady_us as f64 / 1000.0,
             r.longest_wait_in_window_us as f64 / 1000.0,
             r.wait.max / 1000.0,
             r.stalls,

@@ -241,14 +241,14 @@ pub fn s7_table(r: &S7Result) -> String {
         r.seconds, r.rounds
     );
     out += "| shape | lock | PING p50 | acq/s (× PING) | acq/s of the rounds | Redis commands / acq | Redis CPU µs / \
-            acq | client CPU µs / acq | wait p50 | wait p99 | longest wait: in window / all | violations | FIFO \
+            acq | client CPU µs / acq | wait p50 | wait p99 | longest wait: after ramp-up / in window / all | violations | FIFO \
             inversions (after ramp-up / all) | wakeups / acq |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for row in &r.rows {
         let l = &row.result;
         let (client_cpu, redis_cpu) = l.cpu_per_acquisition();
         out += &format!(
             "| {} | {} | {:.1} | **{:.0}** ({:.3}) | {} | **{:.1}** | {:.0} | {:.0} | {} | {} | \
-             {:.1} / {:.1} ms | {} | {} / {} | {:.2} |\n",
+             {:.1} / {:.1} / {:.1} ms | {} | {} / {} | {:.2} |\n",
             row.shape.label(),
             row.subject(),
             l.ping.p50,
@@ -264,6 +264,7 @@ pub fn s7_table(r: &S7Result) -> String {
             client_cpu,
             times_ping(l.wait.p50, l.ping.p50),
             times_ping(l.wait.p99, l.ping.p50),
+            l.longest_wait_steady_us as f64 / 1e3,
             l.longest_wait_in_window_us as f64 / 1e3,
             l.wait.max / 1e3,
             l.violations(),
