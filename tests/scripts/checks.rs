@@ -145,10 +145,7 @@ fn hold_renew_sets_the_lease_field_and_the_ttl() {
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew_script = composed(
-        &[FENCE_LIB, HOLD_LIB],
-        include_str!("../../lua/hold_renew.lua"),
-    );
+    let renew_script = hold_renew_script();
     let other = "{t:0}:mutex:y";
     let renew = |lease: i64, holds: &[(&str, &str, i64)]| {
         let lease = lease.to_string();
@@ -437,11 +434,8 @@ fn hold_scripts_refuse_a_foreign_value_at_the_hold_key_before_changing_anything(
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew = composed(
-        &[FENCE_LIB, HOLD_LIB],
-        include_str!("../../lua/hold_renew.lua"),
-    );
-    let inspect = composed(&[], include_str!("../../lua/hold_inspect.lua"));
+    let renew = hold_renew_script();
+    let inspect = hold_inspect_script();
     lua.open_inboxes(&["b"]);
     server.cmd(&["SET", FENCE, &format!("17|{LAYOUT}")]);
     let inbox_b = inbox("b");
@@ -489,10 +483,7 @@ fn hold_scripts_refuse_a_foreign_value_at_the_queue_key_before_changing_anything
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let renew = composed(
-        &[FENCE_LIB, HOLD_LIB],
-        include_str!("../../lua/hold_renew.lua"),
-    );
+    let renew = hold_renew_script();
     lua.open_inboxes(&["b"]);
     let inbox_b = inbox("b");
     for kind in ["string", "list", "set", "stream"] {

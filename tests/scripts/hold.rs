@@ -416,7 +416,7 @@ fn releases_count_down_free_the_lock_and_answer_their_retries() {
     init_tracing();
     let server = RedisServer::start();
     let lua = Lua::new(&server, "stream");
-    let inspect = composed(&[], include_str!("../../lua/hold_inspect.lua"));
+    let inspect = hold_inspect_script();
     let inspect = || ints(server.cmd(&["EVAL", &inspect, "1", HOLD]));
 
     let t = lua.acquire(Ask::once("a", "a-take"))[1];

@@ -43,6 +43,20 @@ pub(crate) fn fence_arg(create: bool) -> String {
     format!("{}{LAYOUT}", u8::from(create))
 }
 
+/// `hold_renew.lua` as `src/scripts.rs` composes it (the clock from FENCE, the queue's ttl rule
+/// from HOLD).
+pub(crate) fn hold_renew_script() -> String {
+    composed(
+        &[FENCE_LIB, HOLD_LIB],
+        include_str!("../../lua/hold_renew.lua"),
+    )
+}
+
+/// `hold_inspect.lua` as `src/scripts.rs` composes it (no library).
+pub(crate) fn hold_inspect_script() -> String {
+    composed(&[], include_str!("../../lua/hold_inspect.lua"))
+}
+
 /// A reply that must be an array of integers.
 pub(crate) fn ints(reply: Resp) -> Vec<i64> {
     assert!(!reply.is_error(), "{reply:?}");
