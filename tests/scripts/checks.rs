@@ -90,9 +90,21 @@ fn only_a_take_of_a_lock_with_no_hash_reads_the_fence_key() {
     }
 
     // With the hash gone (expired), a take reads the fence key again: foreign strings (not
-    // "<last>|<layout>") and values of another type are WRONGTYPE, and nothing changes.
+    // "<last>|<layout>", with last a whole number in decimal digits without a leading zero:
+    // tokens are compared as text, lib/fence.lua) and values of another type are WRONGTYPE,
+    // and nothing changes.
     server.cmd(&["DEL", HOLD]);
-    for value in ["hello", "12", "x12|stamp", "|stamp"] {
+    for value in [
+        "hello",
+        "12",
+        "x12|stamp",
+        "|stamp",
+        "007|stamp",
+        "-5|stamp",
+        "1.5|stamp",
+        "1e3|stamp",
+        " 12|stamp",
+    ] {
         let value = value.replace("stamp", LAYOUT);
         server.cmd(&["SET", FENCE, &value]);
         let before = lua.dump(&[]);
@@ -127,11 +139,20 @@ fn only_a_take_of_a_lock_with_no_hash_reads_the_fence_key() {
         fence_value(&server, FENCE),
         ((ahead + 1) as u64, LAYOUT.to_owned())
     );
-    server.cmd(&["DEL", HOLD]);
-    server.cmd(&["SET", FENCE, &format!("100|{LAYOUT}")]);
-    let clock = server_micros(&server);
-    let taken = ints(lua.attempt(Ask::once("d", "d-take"), &fence_arg(false)));
-    assert!(taken[1] >= clock, "{taken:?} below the clock {clock}");
+    for (n, last) in ["100", "0"].into_iter().enumerate() {
+        server.cmd(&["DEL", HOLD]);
+        server.cmd(&["SET", FENCE, &format!("{last}|{LAYOUT}")]);
+        let clock = server_micros(&server);
+        let taken = ints(lua.attempt(Ask::once("d", &format!("d-take-{n}")), &fence_arg(false)));
+        assert!(
+            taken[1] >= clock,
+            "last {last}: {taken:?} below the clock {clock}"
+        );
+        assert_eq!(
+            fence_value(&server, FENCE),
+            (taken[1] as u64, LAYOUT.to_owned())
+        );
+    }
     lua.assert_no_stray_keys();
 }
 
