@@ -25,6 +25,7 @@
 --
 -- fl_clock                         the TIME reply this call read (false before the first read:
 --                                      a script runs at one instant, so it reads TIME once)
+-- fl_time()                        -> that reply, read on first use
 -- fl_now_us()                      -> the server clock in us, a number
 -- fl_now_text()                    -> the server clock in us as a decimal string, built from the
 --                                      TIME reply's text alone
@@ -46,23 +47,26 @@
 --                                    refusal text. arg is the fence ARGV "<0|1><layout>" (1: the
 --                                    client has just checked the layout record). Reads only
 --                                    (GET is a typed read; a foreign string is WRONGTYPE).
--- fl_fence_next(fence, arg, last) -> the next token (max(last + 1, server us), fl_next_token
---                                    in lib/hold.lua) as a decimal string; writes the key
+-- fl_fence_next(fence, arg, last) -> the next token (fl_next_token above) as a decimal string;
+--                                    writes the key
 
 local fl_clock = false
 
-local function fl_now_us()
+local function fl_time()
   if not fl_clock then
     fl_clock = redis.call('TIME')
   end
-  return fl_clock[1] * 1000000 + fl_clock[2]
+  return fl_clock
+end
+
+local function fl_now_us()
+  local clock = fl_time()
+  return clock[1] * 1000000 + clock[2]
 end
 
 local function fl_now_text()
-  if not fl_clock then
-    fl_clock = redis.call('TIME')
-  end
-  return fl_clock[1] .. string.sub('00000' .. fl_clock[2], -6)
+  local clock = fl_time()
+  return clock[1] .. string.sub('00000' .. clock[2], -6)
 end
 
 local function fl_above(a, b)

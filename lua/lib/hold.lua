@@ -104,8 +104,8 @@
 --                                      nil otherwise
 -- fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail, head) -> true, the count
 --   left, the token (text) and the grant ms when granted; false when nobody was left (the
---   queue is then empty). tail: a member to queue behind the granted waiter in the same call (else nil); head: the
---   queue's first member if the caller read it already (else nil)
+--   queue is then empty). tail: a member to queue behind the granted waiter in the same call
+--   (else nil); head: the queue's first member if the caller read it already (else nil)
 --   Queues tail first (its ZADD, which needs memory, is then the call's first write), then
 --   grants the lock to the first waiter whose client is there to hear it, taking the others
 --   out of the queue (and waking, on the way, the waiters that are only woken: event
@@ -384,14 +384,21 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail
 end
 
 local function fl_free(hold, op, x, window, token, fields)
-  local args = {'o', '', 'c', '0', 'r', op, 'x', x, 'f', token or '',
-    'q', '', 'g', '', 't', ''}
-  local n = token and 10 or 8
-  for at = 7, 9 do
-    -- Fields the hold has cleared already are left alone (with fields read before any write).
-    if not fields or (fields[at] or '') ~= '' then
-      args[n + 1], args[n + 2], n = args[2 * at - 3], '', n + 2
-    end
+  local args = {'o', '', 'c', '0', 'r', op, 'x', x,
+    false, false, false, false, false, false, false, false}
+  local n = 8
+  if token then
+    args[9], args[10], n = 'f', token, 10
+  end
+  -- q, g and t are cleared, unless the hold as read (nothing wrote it since) has them cleared.
+  if not fields or (fields[7] or '') ~= '' then
+    args[n + 1], args[n + 2], n = 'q', '', n + 2
+  end
+  if not fields or (fields[8] or '') ~= '' then
+    args[n + 1], args[n + 2], n = 'g', '', n + 2
+  end
+  if not fields or (fields[9] or '') ~= '' then
+    args[n + 1], args[n + 2], n = 't', '', n + 2
   end
   redis.call('HSET', hold, unpack(args, 1, n))
   redis.call('PEXPIRE', hold, window)
