@@ -4,6 +4,7 @@
 -- KEYS[1] hold     the lock's hash (see lib/hold.lua)
 -- KEYS[2] queue    the lock's wait queue (see lib/hold.lua)
 -- KEYS[3] fence    the shard's fence key (lib/fence.lua), read only for a lock with no hash
+-- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
 -- ARGV[2] lease    lease in ms (> 0)
 -- ARGV[3] op       op id, unique per call; a retried call with the same op id is answered, not
@@ -15,8 +16,13 @@
 --                  until the waiter's client renews it (a client that died meanwhile blocks
 --                  the lock no longer than that); -1: when busy, the waiter joins the queue to
 --                  be woken, never granted (a Redlock round)
--- ARGV[6] inbox    the inbox tag of the caller's client (where a grant is sent)
--- ARGV[7] fence    the fence argument "<0|1><layout>" (lib/fence.lua)
+-- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id   the event arguments
+-- ARGV[9] inbox    the inbox tag of the caller's client (where a grant is sent)
+-- ARGV[10] notice  "1": when this call takes the lock, the first waiter that queues behind
+--                  the hold tells the caller's client (event "0|held|<token>|<lock id>" into
+--                  its inbox; field i of lib/hold.lua), which may then defer the hold's
+--                  release for a task of its own; "": no such event
+-- ARGV[11] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered,
 --         {1, fencing token, hold count, remaining ms} when a release had already granted or
@@ -28,9 +34,10 @@
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
 --         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold, the queue
 --         or the fence key holds a foreign value.
-local hold, queue, fence = KEYS[1], KEYS[2], KEYS[3]
+local hold, queue, fence, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local waiter_lease, inbox, fence_arg = tonumber(ARGV[5]), ARGV[6], ARGV[7]
+local waiter_lease, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
+local inbox, notice, fence_arg = ARGV[9], ARGV[10], ARGV[11]
 
 local fields = fl_hold_read(hold)
 local current = fields[1]
@@ -60,7 +67,8 @@ if not current then
   if not token then
     return redis.error_reply(refusal)
   end
-  fl_hold_write(hold, queue, fields, owner, token, ARGV[2], op, fields[6], '', '')
+  fl_hold_write(hold, queue, fields, owner, token, ARGV[2], op, fields[6], '', '',
+    notice == '1' and inbox or '')
   if left_behind then
     redis.call('DEL', queue)
   end
@@ -70,7 +78,14 @@ end
 if member then
   local count, k = fl_queue_join(queue, fields, member)
   if k then
-    redis.call('HSET', hold, 'q', '1', 'k', k)
+    -- The hold's first waiter: its holder's client hears of it if it asked to (field i), once.
+    local told = redis.call('HMGET', hold, 'i')[1]
+    if told and told ~= '' then
+      fl_emit_to(events .. ':to:' .. told, mode, '0|held|' .. fields[3] .. '|' .. lock_id)
+      redis.call('HSET', hold, 'q', '1', 'k', k, 'i', '')
+    else
+      redis.call('HSET', hold, 'q', '1', 'k', k)
+    end
   elseif count ~= fl_queue_count(fields) then
     redis.call('HSET', hold, 'q', string.format('%d', count))
   end

@@ -28,7 +28,9 @@
 --                  twice this: then the successor is handed the lock once more, and the next
 --                  release grants. So the queue gets every other hold from `limit` on, and
 --                  every hold from 2 × `limit` on (bounds every wait behind a barging mutex)
--- ARGV[13] inbox   the successor's client's inbox tag (used with ARGV[14])
+-- ARGV[13] inbox   the successor's client's inbox tag: a hold handed to the successor tells
+--                  that client of its first waiter (field i of lib/hold.lua), and a successor
+--                  that joins the queue (ARGV[14]) is granted the lock there
 -- ARGV[14] successor-queues  "" for a successor that waits already (a local waiter); for a
 --                  successor that asks by this very call (a task taking over its client's
 --                  deferred release), its grant ms: when the queue's turn comes, it joins the
@@ -146,5 +148,5 @@ end
 local next_token = fl_next_token(fields[3])
 local q = (handed or left ~= queued) and left or nil
 fl_hold_write(hold, queue, written, successor, next_token, ARGV[11], successor_waiter, freed_by,
-  q, successor_waiter)
+  q, successor_waiter, successor_inbox)
 return {1, 0, next_token, left}

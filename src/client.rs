@@ -325,6 +325,7 @@ impl LockClient {
             taken_over: ctx.taken_over.load(Ordering::Relaxed),
             handed_locally: ctx.handed_locally.load(Ordering::Relaxed),
             deferred_releases: core.parked.len(),
+            queued_behind: core.waiters.notices(),
         }
     }
 
@@ -397,4 +398,9 @@ pub struct ClientStats {
     /// Releases deferred right now, waiting for the releasing task to yield or a task of this
     /// client to take them over (not counting those an acquisition asked for already).
     pub deferred_releases: usize,
+    /// Notices that the first waiter queued behind a hold of this client that nobody waited
+    /// for when it began, since start: such a hold's release is deferred from then on, like
+    /// that of a hold granted with waiters behind it (see
+    /// [`Config::defer_release`](crate::Config::defer_release)).
+    pub queued_behind: u64,
 }

@@ -120,15 +120,16 @@ pub struct Config {
     pub handover_limit: Duration,
     /// [`Mutex`](crate::Mutex) (with a non-zero [`Config::handover_limit`]) and
     /// [`FairMutex`](crate::FairMutex): the release of a hold that other waiters queued behind
-    /// (in Redis), when no task of this client waits for the lock, is sent once the releasing
+    /// in Redis (when it began, or since: the first waiter to queue behind a hold tells its
+    /// client with one event), when no task of this client waits for the lock, is sent once the releasing
     /// task yields to the scheduler instead of at once. A task of this client that asks for the
     /// same lock before that (the usual loop: unlock, then lock again) takes it over in the
     /// release's own round trip, one script call instead of two; for a fair lock that call
     /// grants the lock to the queue and queues the task at its tail, as a release and a busy
     /// attempt would. Such an `unlock()` returns without a round trip and reports
     /// the errors known locally (a lost lease); a failure of the deferred release itself is
-    /// logged, like a dropped guard's, and the lease bounds the hold. A hold nobody waited for
-    /// is always released before `unlock()` returns.
+    /// logged, like a dropped guard's, and the lease bounds the hold. A hold that nobody waits
+    /// for, as far as the client has heard, is released before `unlock()` returns.
     /// [`LockClient::shutdown`](crate::LockClient::shutdown) sends the deferred releases; a
     /// runtime that stops without it leaves them to their leases.
     pub defer_release: bool,

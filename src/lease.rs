@@ -11,7 +11,7 @@
 //! is gone or when its deadline passes without a successful renewal. Deadlines are measured
 //! from the moment a request was *sent*, so the local view never outlives the server's.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -283,15 +283,21 @@ pub(crate) struct Hold<K: ?Sized + HoldKind> {
     acquired_at: Instant,
     timing: StdMutex<Timing>,
     guards: AtomicUsize,
-    /// Other acquisitions waited for the lock when this hold began (it was granted or handed
-    /// over): its release is worth deferring for a task of this client (see `crate::engine::release`).
-    pub(crate) contended: bool,
+    /// Other acquisitions wait for the lock: they did when this hold began (it was granted or
+    /// handed over), or one queued behind it since (a `held` notice, [`HoldRegistry::queued_behind`]).
+    /// Its release is then worth deferring for a task of this client (see `crate::engine::release`).
+    contended: AtomicBool,
     lost: LostSignal,
 }
 
 impl<K: ?Sized + HoldKind> Hold<K> {
     pub(crate) fn deadline(&self) -> Instant {
         self.timing().deadline
+    }
+
+    /// Whether other acquisitions wait for the lock, as far as this client heard.
+    pub(crate) fn is_contended(&self) -> bool {
+        self.contended.load(Ordering::Acquire)
     }
 
     /// Guards alive on this hold (0 once its last guard was released).
@@ -452,7 +458,7 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
                     extended_at: None,
                 }),
                 guards: AtomicUsize::new(1),
-                contended,
+                contended: AtomicBool::new(contended),
                 lost: LostSignal::default(),
             })
         };
@@ -538,6 +544,20 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
             .filter(|hold| hold.owner.id() != owner.id() && hold.lost_cause().is_none())
             .map(|hold| hold.deadline())
             .min()
+    }
+
+    /// A waiter queued behind this client's hold of the lock `lock_id` that stands on the
+    /// Redis hold with `token` (None: every hold of the lock): the hold is contended now.
+    pub(crate) fn queued_behind(&self, lock_id: &str, token: Option<u64>) {
+        let Some(holds) = self.by_lock.get(lock_id) else {
+            return;
+        };
+        for hold in holds
+            .iter()
+            .filter(|hold| token.map_or(true, |token| hold.redis.token == token))
+        {
+            hold.contended.store(true, Ordering::Release);
+        }
     }
 
     fn forget_lock(&self, hold: &Arc<Hold<K>>) {

@@ -252,7 +252,12 @@ async fn holder_and_waiter(
     prefix: &str,
     mode: NotificationMode,
 ) -> (LockClient, LockClient) {
-    let holding = connect(sharded_config(&server.url(), prefix, mode, 1)).await;
+    // The holder's unlock() is sent before it returns: a hold with a waiter behind it would
+    // have its release deferred, and a deferred release reports only what the client knows
+    // (`Config::defer_release`), so the foreign value would be logged instead.
+    let mut holder_config = sharded_config(&server.url(), prefix, mode, 1);
+    holder_config.defer_release = false;
+    let holding = connect(holder_config).await;
     let waiting = connect(sharded_config(&server.url(), prefix, mode, 1)).await;
     (holding, waiting)
 }

@@ -172,7 +172,12 @@ async fn out_of_memory_is_typed_and_writes_nothing() {
     for mode in MODES {
         let server = RedisServer::start_with(&["--maxmemory-policy", "noeviction"]);
         let prefix = format!("fail-oom-{}", mode.as_str());
-        let locks = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        // Every unlock() below is sent before it returns: the rival queued behind some holds,
+        // whose releases would be deferred otherwise, and a deferred release reports only
+        // what the client knows (`Config::defer_release`).
+        let mut config = sharded_config(&server.url(), &prefix, mode, 1);
+        config.defer_release = false;
+        let locks = connect(config).await;
         let rival = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
 
         // Before OOM: a re-entered hold, a busy lock, a plain hold, and a free lock that took

@@ -26,6 +26,11 @@
 --      finds nobody queued makes no call on the queue
 --   k  when the queue expires (server ms) as its last PEXPIRE set it: a write of the hold
 --      extends the queue only when the hold would outlast it
+--   i  the inbox tag of the holder's client when it asked to hear of the hold's first waiter
+--      (hold_acquire.lua, ARGV[10]), else "": the join that queues the hold's first waiter
+--      sends that client "0|held|<token>|<lock id>" (the hold's token) and clears it. Every
+--      write of a new hold sets it (a take as asked, a hand-over to the successor's client, a
+--      grant to ""); a free lock keeps the last one, which no join reads (a join needs a hold)
 --
 -- The wait queue is a sorted set of its own (KEYS[2], "queue", same hash tag), not a field of
 -- the hash: Redis's Lua hashes every byte of every string a script reads or builds (about 12
@@ -74,7 +79,7 @@
 -- fl_chain_has(x, op)              -> whether op is one of the ids of the freed chain x
 -- fl_hold_token(fields, fence, fence_arg) -> the next token (a decimal string), or nil and the
 --                                      fence's refusal (a take of a lock with no hash)
--- fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g) writes a new hold over
+-- fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g, i) writes a new hold over
 --                                      the one read as fields, and sets the hold's ttl (and the
 --                                      queue's, while anybody is queued) to lease (q: the new
 --                                      count of the queue, nil when it stays as read; lease in
@@ -214,15 +219,15 @@ local function fl_queue_outlast(k, count, ttl)
   return string.format('%d', ends + ms), string.format('%d', 2 * ms)
 end
 
-local function fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g)
+local function fl_hold_write(hold, queue, fields, owner, token, lease, r, x, q, g, i)
   -- Each field of an HSET costs the server about as much as a small command of its own:
   -- the count, the ttl and the turn mark are left out when they hold their value already.
   -- Numbers go to Redis as strings: Lua turns a number argument into text with sprintf,
   -- which costs the server about half a microsecond each (callers pass lease as the ARGV text).
   -- The arguments' table is built at its largest size at once: growing it rehashes it.
-  local args = {'o', owner, 'f', token, 'r', r, 'x', x or '', 'g', g,
+  local args = {'o', owner, 'f', token, 'r', r, 'x', x or '', 'g', g, 'i', i,
     false, false, false, false, false, false, false, false, false, false}
-  local n = 10
+  local n = 12
   if fields[2] ~= '1' then
     args[n + 1], args[n + 2], n = 'c', '1', n + 2
   end
@@ -351,8 +356,8 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail
       local left = joined and count + 1 or count
       local k, queue_ttl = fl_queue_outlast(fields[10], left, lasts)
       local args = {'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter, 'x', x,
-        'q', string.format('%d', left), 'g', waiter, 't', '1', 'k', k or ''}
-      redis.call('HSET', hold, unpack(args, 1, k and 20 or 18))
+        'q', string.format('%d', left), 'g', waiter, 't', '1', 'i', '', 'k', k or ''}
+      redis.call('HSET', hold, unpack(args, 1, k and 22 or 20))
       if not popped then
         fl_queue_call(queue, 'ZREM', head)
       end

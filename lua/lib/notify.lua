@@ -9,6 +9,9 @@
 --                                                  (queued: how many wait behind it)
 --   grants|<queued>,<waiter>:<grant ms>:<token>,...  a wave of read holds (lib/rw.lua)
 --   name|<waiter>                                  a waiter to wake (it asks Redis itself)
+--   held|<token>                                   to a holder's client: the first waiter
+--                                                  queued behind its hold with this token
+--                                                  (field i of lib/hold.lua)
 -- mode is "stream" | "stream6" (Stream mode on Redis 6.2+, which has XADD NOMKSTREAM) |
 -- "pubsub" | "spubsub" (Redis Cluster 7+) | "bpubsub" (a cluster before Redis 7, where PUBLISH
 -- is broadcast to every node). Uses EXISTS, XADD MAXLEN ~, XADD NOMKSTREAM (6.2+ only),

@@ -204,6 +204,12 @@ impl Core {
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
         });
         let weak = Arc::downgrade(&core);
+        core.waiters.on_queued_behind(move |lock_id, token| {
+            if let Some(core) = weak.upgrade() {
+                core.holds.queued_behind(lock_id, token);
+            }
+        });
+        let weak = Arc::downgrade(&core);
         core.ctx.on_layout_refused(move || {
             if let Some(core) = weak.upgrade() {
                 for hold in core.holds.all() {

@@ -104,7 +104,7 @@ fn defer(hold: &Arc<DriverHold>) -> bool {
     let core = driver.engine();
     let deferrable = core.ctx.config.defer_release
         && driver.take_over().is_some()
-        && hold.contended
+        && hold.is_contended()
         && hold.guards() == 0
         && hold.lost_cause().is_none()
         && hold.deadline() > Instant::now() + DEFER_MIN_LEFT

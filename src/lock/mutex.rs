@@ -373,10 +373,17 @@ impl Driver for ExclusiveDriver {
                 (true, false) => (waiter.as_ref(), -1),
             };
             let script = &SCRIPTS.hold_acquire;
+            // A hold whose release this client may defer wants to hear of its first waiter
+            // (`lua/hold_acquire.lua`, `ARGV[10]`): see `crate::engine::release`.
+            let notice = ctx.config.defer_release && self.take_over().is_some();
             let args =
                 ScriptArgs::acquire(owner.id(), lease.as_millis() as i64, &op, waiter, grant_ms)
-                    .extra([ctx.inbox_tag.as_ref().into()]);
-            let keys = self.script_keys().through(Key::Fence);
+                    .events(ctx.event_args(&self.keys))
+                    .extra([
+                        ctx.inbox_tag.as_ref().into(),
+                        if notice { "1" } else { "" }.into(),
+                    ]);
+            let keys = self.script_keys().through(Key::Events);
             let reply = run_call(ctx, &self.keys, script, keys, args).await?;
             acquire_reply(ctx, script, &reply)
         })

@@ -7,6 +7,9 @@
 //! comes last because it may contain anything, `|` included; the waiter ids in a target never
 //! contain `|` or [`ID_SEPARATOR`].
 //!
+//! Besides wakeups, an inbox carries one notice for a holder: `held`, the first waiter queued
+//! behind one of the client's holds ([`WakeRule::QueuedBehind`]).
+//!
 //! Reading errs on the side of waking: a rule this version does not know becomes
 //! [`WakeRule::All`], a `grant` or `grants` whose numbers do not parse still wakes its waiters
 //! (which then ask Redis, and are answered that the hold is theirs), and a payload that does
@@ -56,6 +59,10 @@ pub(crate) enum WakeRule {
     /// reader whose numbers do not parse is only woken (None).
     Grants(Vec<(String, Option<Granted>)>),
     All,
+    /// Not a wakeup: the first waiter queued behind this client's hold of the lock whose token
+    /// this is (wire name `held`, target the token; `lua/lib/hold.lua`, field `i`). A token
+    /// that does not parse names every hold of this client on the lock (None).
+    QueuedBehind(Option<u64>),
 }
 
 impl WakeRule {
@@ -65,6 +72,7 @@ impl WakeRule {
             "name" => WakeRule::Named(target.to_owned()),
             "grant" => Self::parse_grant(target),
             "grants" => Self::parse_grants(target),
+            "held" => WakeRule::QueuedBehind(target.parse().ok()),
             _ => WakeRule::All,
         }
     }
@@ -171,6 +179,21 @@ mod tests {
             assert!(!waiter.contains('|'), "{waiter}");
             assert!(!waiter.contains(GRANT_MS), "{waiter}");
         }
+    }
+
+    #[test]
+    fn a_held_notice_names_the_holds_token() {
+        let event = Event::from_payload("0|held|1795511510591024|mutex:a|b").unwrap();
+        assert_eq!(event.lock_id, "mutex:a|b");
+        assert_eq!(
+            event.rule,
+            WakeRule::QueuedBehind(Some(1_795_511_510_591_024))
+        );
+        assert_eq!(
+            WakeRule::parse("held", "x"),
+            WakeRule::QueuedBehind(None),
+            "a token that does not parse names every hold of the lock"
+        );
     }
 
     #[test]

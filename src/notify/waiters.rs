@@ -25,10 +25,14 @@
 //! * `name`: only the waiter with that id (a Redlock waiter, or a reader of a read-write lock
 //!   whose owner holds a read hold already: it re-enters by its own call);
 //! * `all`: everybody (after a reconnect, lag or gap).
+//!
+//! A `held` notice ([`WakeRule::QueuedBehind`]) wakes nobody: it tells the client that a
+//! waiter queued behind one of its holds, and goes to whoever registered for it
+//! ([`WaiterTable::on_queued_behind`]: the engine, which marks the hold contended).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dashmap::DashMap;
@@ -69,12 +73,18 @@ impl Waiter {
     }
 }
 
+/// Where `held` notices go: the lock id and the hold's token (None: any hold of the lock).
+type QueuedBehind = Box<dyn Fn(&str, Option<u64>) + Send + Sync>;
+
 /// All local waiters of this process, by lock id.
 #[derive(Default)]
 pub(crate) struct WaiterTable {
     pub(super) queues: DashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
     next_id: AtomicU64,
     wakeups: AtomicU64,
+    queued_behind: OnceLock<QueuedBehind>,
+    /// `held` notices heard.
+    notices: AtomicU64,
 }
 
 impl WaiterTable {
@@ -110,8 +120,24 @@ impl WaiterTable {
         }
     }
 
+    /// Sets where `held` notices go (once; a later call is ignored).
+    pub(crate) fn on_queued_behind(
+        &self,
+        notice: impl Fn(&str, Option<u64>) + Send + Sync + 'static,
+    ) {
+        let _ = self.queued_behind.set(Box::new(notice));
+    }
+
     /// Applies an event to the local queue of its lock.
     pub(crate) fn dispatch(&self, lock_id: &str, rule: &WakeRule) {
+        if let WakeRule::QueuedBehind(token) = rule {
+            self.notices.fetch_add(1, Ordering::Relaxed);
+            tracing::trace!(lock = lock_id, ?token, "a waiter queued behind a hold");
+            if let Some(notice) = self.queued_behind.get() {
+                notice(lock_id, *token);
+            }
+            return;
+        }
         let Some(queue) = self.queues.get(lock_id) else {
             return;
         };
@@ -151,6 +177,7 @@ impl WaiterTable {
                     .count()
             }
             WakeRule::All => queue.iter().map(|w| w.wake(WOKEN)).count(),
+            WakeRule::QueuedBehind(_) => 0,
         };
         self.wakeups.fetch_add(woken as u64, Ordering::Relaxed);
         tracing::trace!(lock = lock_id, ?rule, woken, "wake");
@@ -179,6 +206,11 @@ impl WaiterTable {
     /// Number of locks with a local queue.
     pub(crate) fn queues(&self) -> usize {
         self.queues.len()
+    }
+
+    /// `held` notices heard so far (diagnostics and tests).
+    pub(crate) fn notices(&self) -> u64 {
+        self.notices.load(Ordering::Relaxed)
     }
 
     /// Total wakeups delivered so far (diagnostics and tests).

@@ -1135,3 +1135,80 @@ fn a_release_naming_a_floor_continues_the_tokens_above_it() {
         "the hold's token",
     );
 }
+
+/// The `held` notice (`hold_acquire.lua`, `ARGV[10]`; field `i` of `lib/hold.lua`). A take
+/// that asks for it keeps its client's inbox tag in `i`; the join that queues the hold's first
+/// waiter sends that client `0|held|<token>|<lock id>` and clears `i`, so a later waiter, or
+/// one that queues again after the queue emptied, sends nothing more for this hold. A try
+/// (which never queues) sends nothing; nor does a hold taken without asking. A hand-over
+/// passes `i` to the successor's client (a task of the releasing process); a grant clears it.
+#[test]
+fn the_first_waiter_behind_a_hold_tells_its_holders_client_once() {
+    init_tracing();
+    let server = RedisServer::start();
+    let lua = Lua::new(&server, "stream");
+    lua.open_inboxes(&["a", "b", "c", "d"]);
+    let held_notice = |token: i64| format!("0|held|{token}|{LOCK_ID}");
+
+    // Not asked: a waiter behind the hold tells nobody.
+    let t = lua.acquire(Ask::once("d", "d-take"))[1];
+    assert_eq!(lua.hash(), held("d", t, LEASE, "d-take"));
+    assert_eq!(lua.acquire(Ask::waiting("b", "b-0", "wb0")), busy(LEASE, t));
+    assert_eq!(lua.leave("wb0"), vec![1]);
+    assert_eq!(lua.release("d", t, "d-free"), vec![1, 0]);
+    assert!(lua.inbox_events("d").is_empty(), "d did not ask");
+
+    // Asked: a try tells nobody, the first waiter tells a's client once.
+    let t = lua.acquire(Ask::once("a", "a-take").notice())[1];
+    let taken = HoldHash {
+        i: tag("a"),
+        x: "d-free".to_owned(),
+        ..held("a", t, LEASE, "a-take")
+    };
+    assert_eq!(lua.hash(), taken);
+    assert_eq!(lua.acquire(Ask::once("b", "b-try")), busy(LEASE, t));
+    assert!(lua.inbox_events("a").is_empty(), "a try queues nobody");
+    assert_eq!(lua.acquire(Ask::waiting("b", "b-1", "wb")), busy(LEASE, t));
+    assert_eq!(lua.inbox_events("a"), vec![held_notice(t)]);
+    assert_eq!(lua.hash().i, "", "told once: i is cleared");
+    assert_eq!(lua.acquire(Ask::waiting("c", "c-1", "wc")), busy(LEASE, t));
+    assert_eq!(lua.leave("wb"), vec![1]);
+    assert_eq!(lua.leave("wc"), vec![1]);
+    assert_eq!(lua.acquire(Ask::waiting("c", "c-2", "wc")), busy(LEASE, t));
+    assert_eq!(
+        lua.inbox_events("a"),
+        vec![held_notice(t)],
+        "one notice per hold, however often its queue fills again"
+    );
+
+    // A grant clears i: the granted holder's client hears of nobody queuing behind it.
+    assert_eq!(lua.release("a", t, "a-free"), vec![1, 0]);
+    let granted_token = lua.token();
+    assert_eq!(lua.hash().i, "");
+    assert_eq!(
+        lua.acquire(Ask::waiting("b", "b-2", "wb2")),
+        busy(WAITER_LEASE, granted_token)
+    );
+    assert!(
+        !lua.inbox_events("c").iter().any(|e| e.contains("|held|")),
+        "a granted hold asked for nothing: {:?}",
+        lua.inbox_events("c")
+    );
+
+    // A hand-over passes i to the successor's client, which hears of the next first waiter.
+    let handed = lua.hand_over("c", granted_token, "c-free", ("c", "wc-next"));
+    assert_eq!((handed[0], handed[1]), (1, 0), "{handed:?}");
+    assert_eq!(lua.hash().i, tag("c"));
+    assert_eq!(lua.leave("wb2"), vec![1]);
+    let next = lua.token();
+    assert_eq!(
+        lua.acquire(Ask::waiting("d", "d-1", "wd")),
+        busy(SUCCESSOR_LEASE, next)
+    );
+    assert_eq!(
+        lua.inbox_events("c").last(),
+        Some(&held_notice(next)),
+        "the handed hold's notice names its own token"
+    );
+    lua.assert_no_stray_keys();
+}

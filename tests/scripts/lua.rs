@@ -218,6 +218,9 @@ pub(crate) struct Ask<'a> {
     pub(crate) op: &'a str,
     pub(crate) waiter: &'a str,
     pub(crate) waiter_lease: i64,
+    /// Whether the owner's client asks to hear of the first waiter queued behind the hold
+    /// this call takes (`ARGV[10]`); no unless a test says so.
+    pub(crate) notice: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -229,6 +232,7 @@ impl<'a> Ask<'a> {
             op,
             waiter: "",
             waiter_lease: 0,
+            notice: false,
         }
     }
 
@@ -240,6 +244,7 @@ impl<'a> Ask<'a> {
             op,
             waiter,
             waiter_lease: WAITER_LEASE,
+            notice: false,
         }
     }
 
@@ -251,6 +256,14 @@ impl<'a> Ask<'a> {
 
     pub(crate) fn lease(self, lease: i64) -> Self {
         Ask { lease, ..self }
+    }
+
+    /// Asks to hear of the hold's first waiter (`ARGV[10]` "1").
+    pub(crate) fn notice(self) -> Self {
+        Ask {
+            notice: true,
+            ..self
+        }
     }
 
     pub(crate) fn waiter_lease(self, waiter_lease: i64) -> Self {
@@ -287,6 +300,8 @@ pub(crate) struct HoldHash {
     pub(crate) q: String,
     pub(crate) g: String,
     pub(crate) t: String,
+    /// The inbox tag of the holder's client if it is to hear of the hold's first waiter.
+    pub(crate) i: String,
 }
 
 /// A hold of `owner` (count 1, no freed-by chain, nobody queued, granted to no waiter): what a take writes, but for the fields a test sets with `..held(..)`.
@@ -301,6 +316,7 @@ pub(crate) fn held(owner: &str, token: i64, lease: i64, r: &str) -> HoldHash {
         q: String::new(),
         g: String::new(),
         t: String::new(),
+        i: String::new(),
     }
 }
 
@@ -309,6 +325,7 @@ pub(crate) fn held(owner: &str, token: i64, lease: i64, r: &str) -> HoldHash {
 pub(crate) fn handed_over(owner: &str, token: i64, lease: i64, waiter: &str) -> HoldHash {
     HoldHash {
         g: waiter.to_owned(),
+        i: tag(owner),
         ..held(owner, token, lease, waiter)
     }
 }
@@ -318,6 +335,7 @@ pub(crate) fn handed_over(owner: &str, token: i64, lease: i64, waiter: &str) -> 
 pub(crate) fn granted(owner: &str, token: i64, lease: i64, waiter: &str) -> HoldHash {
     HoldHash {
         t: "1".to_owned(),
+        i: String::new(),
         ..handed_over(owner, token, lease, waiter)
     }
 }
@@ -388,14 +406,18 @@ impl<'a> Lua<'a> {
         let before = self.clock().div_euclid(1000);
         let reply = self.eval(
             &self.acquire,
-            &[hold, &queue_key(hold), FENCE],
+            &[hold, &queue_key(hold), FENCE, EVENTS],
             &[
                 ask.owner,
                 &lease,
                 ask.op,
                 ask.waiter,
                 &waiter_lease,
+                self.mode,
+                "",
+                LOCK_ID,
                 &inbox_tag,
+                if ask.notice { "1" } else { "" },
                 fence_arg,
             ],
         );
@@ -713,6 +735,17 @@ impl<'a> Lua<'a> {
             q: self.queue_of(HOLD),
             g: take("g"),
             t: take("t"),
+            i: fields.remove("i").unwrap_or_default(),
+        };
+        // A free lock keeps its last holder's i, which nothing reads (a join needs a hold):
+        // a tombstone compares without it.
+        let hash = if hash.o.is_empty() {
+            HoldHash {
+                i: String::new(),
+                ..hash
+            }
+        } else {
+            hash
         };
         assert!(fields.is_empty(), "unknown fields in the hold: {fields:?}");
         let members = hash.q.lines().count();
