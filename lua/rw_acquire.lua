@@ -25,7 +25,11 @@
 -- ARGV[9] side     "read" or "write"
 -- ARGV[10] inbox   the inbox tag of the caller's client (where a grant is sent)
 -- ARGV[11] retry-window  ms: the ttl of a lock left with no hold (the tombstone)
--- ARGV[12] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
+-- ARGV[12] notice  "1": when this call takes the write hold, the first waiter that queues
+--                  behind it tells the caller's client (event "0|held|<token>|<lock id>" into
+--                  its inbox; field i, as in lib/hold.lua), which may then defer the hold's
+--                  release for a task of its own; "": no such event
+-- ARGV[13] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered (every new read hold
 --           draws its own token, as a write hold does; a downgrade carries the write's),
@@ -41,7 +45,8 @@
 local hold, fence, events = KEYS[1], KEYS[3], KEYS[4]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
-local side, inbox, window, fence_arg = ARGV[9], ARGV[10], tonumber(ARGV[11]), ARGV[12]
+local side, inbox, window, notice = ARGV[9], ARGV[10], tonumber(ARGV[11]), ARGV[12]
+local fence_arg = ARGV[13]
 
 local fields = fl_rw_read(hold)
 local now_us = fl_now_us()
@@ -135,7 +140,8 @@ if takes then
   if writing then
     state.writer, state.ends = owner, lease_end
     redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', token, 'l', ARGV[2], 'r', op, 'g', '',
-      'e', string.format('%d', lease_end), 'q', queue, 's', fl_rw_readers(state))
+      'e', string.format('%d', lease_end), 'q', queue, 's', fl_rw_readers(state),
+      'i', notice == '1' and inbox or '')
   else
     state.mine = {count = 1, token = token, ends = lease_end, op = op, waiter = '-'}
     redis.call('HSET', hold, 'f', token, 'q', queue, 's', fl_rw_readers(state))
@@ -155,7 +161,15 @@ elseif queued then
   queue = q
 end
 if queue ~= q or state.changed then
-  redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state))
+  -- The write hold's first waiter: its holder's client hears of it if it asked to (field i),
+  -- once.
+  local told = q == '' and queue ~= '' and state.writer and redis.call('HMGET', hold, 'i')[1]
+  if told and told ~= '' then
+    fl_emit_to(events .. ':to:' .. told, mode, '0|held|' .. fields[3] .. '|' .. lock_id)
+    redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state), 'i', '')
+  else
+    redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state))
+  end
   if state.changed and not state.writer then
     redis.call('HSET', hold, 'o', '', 'c', '0', 'e', '')
   end

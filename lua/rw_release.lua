@@ -26,7 +26,8 @@
 -- ARGV[11] successor-waiter  the successor's waiter id
 -- ARGV[12] successor-lease   its lease in ms
 -- ARGV[13] limit   unused (the lock is fair: a successor never passes a queued waiter)
--- ARGV[14] inbox   the successor's client's inbox tag
+-- ARGV[14] inbox   the successor's client's inbox tag (a write hold handed to it tells that
+--                  client of its first waiter: field i of lib/rw.lua)
 -- ARGV[15] successor-queues  the waiter lease of its client (its grant ms at most): when the
 --                  lock goes to the queue, the successor joins the queue's tail
 --
@@ -131,7 +132,7 @@ local function hand_over()
   state.writer, state.ends = successor, now_ms + successor_lease
   redis.call('HSET', hold, 'o', successor, 'c', '1', 'f', next_token, 'l', ARGV[12],
     'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter,
-    'e', string.format('%d', state.ends), 's', fl_rw_readers(state))
+    'e', string.format('%d', state.ends), 's', fl_rw_readers(state), 'i', successor_inbox)
   fl_rw_keep(hold, state, now_ms, window)
   return {1, 0, next_token, 0}
 end

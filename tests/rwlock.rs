@@ -594,6 +594,57 @@ async fn a_reader_right_after_a_write_release_does_not_take_the_write_hold_over(
     }
 }
 
+/// A write hold its owner took with nobody waiting becomes contended when a reader of another
+/// client queues behind it: Redis tells the writer's client (one `held` event,
+/// `lua/rw_acquire.lua`), and the write hold's release is deferred from then on, so `unlock()`
+/// returns without a round trip; the deferred release grants the reader its hold.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reader_queued_behind_a_taken_write_hold_makes_its_release_deferred() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("behind-{}", mode.as_str());
+        let connect = || LockClient::connect(config(&server.url(), mode, &prefix));
+        let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+        let writer = tokio::time::timeout(HANG, long_lease(&a, "behind").write())
+            .await
+            .unwrap()
+            .unwrap();
+        let reader = tokio::spawn({
+            let lock = long_lease(&b, "behind");
+            async move { lock.read().await }
+        });
+        eventually_async("A hears of B's reader", || async {
+            a.stats().queued_behind == 1
+        })
+        .await;
+        assert_eq!(queue_len(&server, &prefix, "behind"), 1, "{mode:?}");
+        let token = writer.fencing_token();
+        writer.unlock().await.unwrap();
+        assert_eq!(
+            a.stats().deferred_releases,
+            1,
+            "{mode:?}: parked, not yet sent"
+        );
+        let read = tokio::time::timeout(HANG, reader)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(read.fencing_token() > token, "{mode:?}");
+        assert_eq!(
+            b.stats().queued_behind,
+            0,
+            "{mode:?}: readers ask for no notice"
+        );
+        read.unlock().await.unwrap();
+        assert_no_leftovers(&server, &prefix, "behind");
+        for client in [a, b] {
+            client.shutdown().await.unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_writer_goes_before_every_reader_that_came_after_it() {
     init_tracing();

@@ -18,6 +18,10 @@
 --      (server ms), the op id of the last call applied to it, and the waiter id a release
 --      granted it under ("-" for a read hold its owner took by an attempt). A line counts only
 --      while its end is ahead; the scripts drop lapsed lines as they meet them
+--   i  the inbox tag of the write holder's client when it asked to hear of the hold's first
+--      waiter, as in lib/hold.lua (rw_acquire.lua, ARGV[12]): a writer's take sets it, a grant
+--      to a writer clears it, a write hand-over gives it to the successor's client, and the
+--      call that queues the first waiter behind a live write hold sends the notice and clears it
 --   q  the wait queue as text, one line per waiter: "<waiter id> <inbox tag> <owner id>
 --      <lease ms> <grant ms> <alive until ms>\n" (the fields of a member of lib/hold.lua's
 --      queue, then the time below). Unlike the exclusive locks, the read-write lock keeps its
@@ -243,7 +247,8 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
       local left = string.sub(q, at) .. (tail or '')
       local ends = now_ms + tonumber(lasts)
       redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'q', left, 'g', waiter, 'e', string.format('%d', ends), 's', fl_rw_readers(state))
+        'x', x, 'q', left, 'g', waiter, 'e', string.format('%d', ends), 's', fl_rw_readers(state),
+        'i', '')
       state.f = text
       local queued = left ~= '' and 1 or 0
       if fl_emit_to(events .. ':to:' .. inbox, mode,

@@ -921,6 +921,9 @@ pub(crate) struct Bid<'a> {
     pub(crate) op: &'a str,
     pub(crate) waiter: &'a str,
     pub(crate) waiter_lease: i64,
+    /// Whether the client asks to hear of the first waiter queued behind the write hold this
+    /// call takes (`ARGV[12]`); no unless a test says so.
+    pub(crate) notice: bool,
 }
 
 impl<'a> Bid<'a> {
@@ -943,6 +946,7 @@ impl<'a> Bid<'a> {
             op,
             waiter: "",
             waiter_lease: 0,
+            notice: false,
         }
     }
 
@@ -958,6 +962,14 @@ impl<'a> Bid<'a> {
 
     pub(crate) fn lease(self, lease: i64) -> Self {
         Bid { lease, ..self }
+    }
+
+    /// Asks to hear of the write hold's first waiter (`ARGV[12]` "1").
+    pub(crate) fn notice(self) -> Self {
+        Bid {
+            notice: true,
+            ..self
+        }
     }
 
     pub(crate) fn waiter_lease(self, waiter_lease: i64) -> Self {
@@ -1157,6 +1169,7 @@ impl<'a> Rw<'a> {
                 bid.side.name(),
                 &inbox_tag,
                 &window,
+                if bid.notice { "1" } else { "" },
                 fence_arg,
             ],
         )
@@ -1353,8 +1366,19 @@ impl<'a> Rw<'a> {
             e: take("e"),
             s: take("s"),
         };
+        // The notice field: checked through `notice_tag` where a test asks for notices.
+        fields.remove("i");
         assert!(fields.is_empty(), "unknown fields in the hash: {fields:?}");
         hash
+    }
+
+    /// Field `i`: the inbox tag of the write holder's client that is to hear of the hold's
+    /// first waiter ("" or absent: none).
+    pub(crate) fn notice_tag(&self) -> String {
+        self.server
+            .cmd(&["HGET", RW_HOLD, "i"])
+            .as_str()
+            .unwrap_or_default()
     }
 
     pub(crate) fn assert_hash(&self, expected: &RwHash, what: &str) {

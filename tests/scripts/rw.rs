@@ -2279,3 +2279,48 @@ fn a_leave_that_grants_nothing_drops_the_dead_waiters_it_met() {
     }
     rw.assert_no_stray_keys();
 }
+
+/// The `held` notice of a write hold (`rw_acquire.lua`, `ARGV[12]`; field `i` of
+/// `lib/rw.lua`): a writer's take that asks for it keeps its client's inbox tag in `i`, the
+/// call that queues the first waiter behind the live write hold (a reader here) sends that
+/// client `0|held|<token>|<lock id>` and clears `i`, and later waiters send nothing. A grant
+/// to a writer clears `i`; a write hand-over gives it to the successor's client. A read hold
+/// never asks: readers are not deferred.
+#[test]
+fn the_first_waiter_behind_a_write_hold_tells_its_holders_client_once() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["a", "b", "c"]);
+    let held_notice = |token: i64| format!("0|held|{token}|{RW_LOCK_ID}");
+
+    let t = rw.acquire(Bid::write("a", "a-write").notice())[1];
+    assert_eq!(rw.notice_tag(), tag("a"));
+    assert_eq!(
+        rw.acquire(Bid::read("b", "b-try"))[0],
+        0,
+        "a try queues nobody"
+    );
+    assert!(rw.inbox_events("a").is_empty());
+    assert_eq!(rw.acquire(Bid::read("b", "b-wait").waiting("rb"))[0], 0);
+    assert_eq!(rw.inbox_events("a"), [held_notice(t)]);
+    assert_eq!(rw.notice_tag(), "", "told once: i is cleared");
+    assert_eq!(rw.acquire(Bid::write("c", "c-wait").waiting("wc"))[0], 0);
+    assert_eq!(rw.inbox_events("a").len(), 1, "one notice per hold");
+
+    // The release grants the reader (the head), then the writer: a granted write hold asked
+    // for nothing.
+    assert_eq!(rw.release(WRITE, "a", t, "a-free"), vec![1, 0]);
+    let tb = rw.read_token("b");
+    assert_eq!(rw.release(READ, "b", tb, "b-free"), vec![1, 0]);
+    let tc = rw.token();
+    assert_eq!(rw.notice_tag(), "", "a granted writer's i is clear");
+
+    // A write hand-over (nobody queued) gives i to the successor's client.
+    let handed = rw.take_over("c", tc, "c-free", ("c", "wc-next"));
+    assert_eq!((handed[0], handed[1]), (1, 0), "{handed:?}");
+    assert_eq!(rw.notice_tag(), tag("c"));
+    let next = rw.token();
+    assert_eq!(rw.acquire(Bid::read("b", "b-again").waiting("rb2"))[0], 0);
+    assert_eq!(rw.inbox_events("c").last(), Some(&held_notice(next)));
+}
