@@ -463,9 +463,10 @@ fn a_grant_to_a_killed_waiter_lasts_the_waiter_lease_and_then_the_next_one_proce
     // Granted to the dead head (its inbox exists) for the waiter lease, not for its lease.
     // Waiters queued behind the hold, so its release was deferred: sent once unlock() returned.
     let hold = hold_key(prefix, name);
-    runtime.block_on(eventually("the release grants the lock to the dead head", || {
-        server.cmd(&["HGET", &hold, "r"]).as_str().as_deref() == Some(doomed_id.as_str())
-    }));
+    runtime.block_on(eventually(
+        "the release grants the lock to the dead head",
+        || server.cmd(&["HGET", &hold, "r"]).as_str().as_deref() == Some(doomed_id.as_str()),
+    ));
     let granted = server.cmd(&["HMGET", &hold, "r", "f"]).as_array();
     assert_eq!(
         granted[0].as_str(),
