@@ -326,6 +326,7 @@ impl LockClient {
             handed_locally: ctx.handed_locally.load(Ordering::Relaxed),
             deferred_releases: core.parked.len(),
             queued_behind: core.waiters.notices(),
+            fast_paths: ctx.fast_paths.load(Ordering::Relaxed),
         }
     }
 
@@ -403,4 +404,8 @@ pub struct ClientStats {
     /// that of a hold granted with waiters behind it (see
     /// [`Config::defer_release`](crate::Config::defer_release)).
     pub queued_behind: u64,
+    /// Takes and releases of `Mutex` and `FairMutex` holds that their fast path served, since
+    /// start: the uncontended case, one lean script call each (a lock this client has seen
+    /// contended in the last second goes through the full scripts).
+    pub fast_paths: u64,
 }

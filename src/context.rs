@@ -63,6 +63,8 @@ pub(crate) struct Context {
     pub(crate) taken_over: AtomicU64,
     /// Acquisitions handed a hold within this client without a call (diagnostics).
     pub(crate) handed_locally: AtomicU64,
+    /// Takes and releases answered by an exclusive lock's fast path (diagnostics).
+    pub(crate) fast_paths: AtomicU64,
     /// No new acquisitions (shutdown started).
     closed: AtomicBool,
     /// Connections closed: every command fails at once with [`Error::Shutdown`].
@@ -93,6 +95,7 @@ impl Context {
             retried_attempts: AtomicU64::new(0),
             attempts: AtomicU64::new(0),
             granted: AtomicU64::new(0),
+            fast_paths: AtomicU64::new(0),
             handed_over: AtomicU64::new(0),
             taken_over: AtomicU64::new(0),
             handed_locally: AtomicU64::new(0),

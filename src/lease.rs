@@ -546,6 +546,11 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
             .min()
     }
 
+    /// Whether this client keeps a hold of the lock `lock_id` (any owner, any role).
+    pub(crate) fn holds_lock(&self, lock_id: &str) -> bool {
+        self.by_lock.contains_key(lock_id)
+    }
+
     /// A waiter queued behind this client's hold of the lock `lock_id` that stands on the
     /// Redis hold with `token` (None: every hold of the lock): the hold is contended now.
     pub(crate) fn queued_behind(&self, lock_id: &str, token: Option<u64>) {

@@ -204,6 +204,8 @@ macro_rules! scripts {
 
 scripts! {
     hold_acquire: [FENCE, NOTIFY, HOLD],
+    hold_take: [FENCE],
+    hold_free: [FENCE, NOTIFY, HOLD],
     hold_release: [FENCE, NOTIFY, HOLD],
     hold_leave: [FENCE, NOTIFY, HOLD],
     hold_force_unlock: [FENCE, NOTIFY, HOLD],

@@ -70,6 +70,45 @@ async fn reentry_counts_holds_and_keeps_the_token() {
     }
 }
 
+/// An uncontended lock and unlock take the fast paths (`lua/hold_take.lua`,
+/// `lua/hold_free.lua`), but for the lock's first take, which has no tombstone to continue
+/// and goes through the full script without counting as contention; the hold and the tokens
+/// are the same whichever path wrote them, and a busy lock still answers busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_cycles_take_the_fast_paths() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let locks = connect(config(&server, mode, "fast")).await;
+        let mutex = locks.mutex("quiet").unwrap();
+        let mut last = 0;
+        for cycle in 0..3u64 {
+            let guard = mutex.lock().await.unwrap();
+            assert!(guard.fencing_token() > last, "{mode:?}: cycle {cycle}");
+            last = guard.fencing_token();
+            assert_eq!(mutex.state().await.unwrap().fencing_token, Some(last));
+            guard.unlock().await.unwrap();
+            assert!(!mutex.is_locked().await.unwrap(), "{mode:?}");
+            // Cycle 0: the full take (no hash yet), then the fast release; later cycles: both.
+            assert_eq!(
+                locks.stats().fast_paths,
+                2 * cycle + 1,
+                "{mode:?}: cycle {cycle}"
+            );
+        }
+        let held = mutex.lock().await.unwrap();
+        let other = locks.mutex("quiet").unwrap();
+        assert!(other.try_lock().await.unwrap().is_none(), "{mode:?}");
+        assert_eq!(
+            locks.stats().fast_paths,
+            6,
+            "{mode:?}: the busy try is the full take's"
+        );
+        held.unlock().await.unwrap();
+        locks.shutdown().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handles_without_owner_exclude_each_other_and_waiters_get_the_lock() {
     init_tracing();

@@ -3,7 +3,7 @@
 //! on the same fred client (naive) or its own connection (rslock) and one PING. Cycle p50/p99
 //! and its two halves, the ratio to PING p50 and to the naive cycle's p50. Then, as the floor
 //! of a cycle, `--cycles` pairs of bare `EVALSHA`s of `return 1` with the key and argument
-//! shapes of the acquire and release scripts, each pair right after one more cycle (so that
+//! shapes of the fast take and release scripts (`hold_take`, `hold_free`), each pair right after one more cycle (so that
 //! both see the same machine state), and `--cycles` fredlock cycles alone for the Redis
 //! command count per cycle.
 
@@ -29,7 +29,7 @@ pub struct S1Result {
     /// The peers' cycles, interleaved with fredlock's.
     pub peers: Vec<(LockKind, Summary)>,
     /// The floor: two `EVALSHA`s of a script that only does `return 1`, with the keys and
-    /// arguments of `hold_acquire` and then `hold_release` (measured after the cycles).
+    /// arguments of `hold_take` and then `hold_free` (measured after the cycles).
     pub floor: Summary,
     /// Redis command statistics of `cycles` fredlock cycles alone.
     pub commands: CommandStats,
@@ -137,9 +137,10 @@ async fn peer_cycle(lock: &AnyLock) -> Result<Duration, String> {
 }
 
 /// What two script round trips cost by themselves through fred: `EVALSHA` of `return 1` with
-/// the 3 keys and 7 arguments of `hold_acquire`, then with the 4 keys and 12 arguments of
-/// `hold_release` (lengths as in fredlock's calls). A cycle can be no faster than this pair.
-/// S1 times one pair after each cycle, so that both see the same machine.
+/// the key and 6 arguments of `hold_take`, then with the key and 5 arguments of `hold_free`
+/// (the fast paths an uncontended cycle takes; lengths as in fredlock's calls). A cycle can be
+/// no faster than this pair. S1 times one pair after each cycle, so that both see the same
+/// machine.
 pub struct BarePair {
     pub sha: String,
 }
@@ -155,25 +156,10 @@ impl BarePair {
 
     pub async fn run(&self, client: &Client) -> Result<Duration, String> {
         let id = "0123456789abcdef0123456789abcdef";
-        let acquire_keys = vec!["{b:0}:mutex:s1", "{b:0}:mutex.wait:s1", "{b:0}:fence"];
-        let release_keys = vec![
-            "{b:0}:mutex:s1",
-            "{b:0}:mutex.wait:s1",
-            "{b:0}:fence",
-            "{b:events}",
-        ];
-        let acquire_args = vec![
-            id,
-            "30000",
-            id,
-            "",
-            "0",
-            "0123456789abcdef",
-            "0v7 shards=16",
-        ];
-        let release_args = vec![
-            id, "1", id, "0", "15000", "stream", "10000", "mutex:s1", "", "", "0", "0",
-        ];
+        let acquire_keys = vec!["{b:0}:mutex:s1"];
+        let release_keys = vec!["{b:0}:mutex:s1"];
+        let acquire_args = vec![id, "30000", id, "", "0", ""];
+        let release_args = vec![id, "1795807619782796", id, "0", "15000"];
         let started = Instant::now();
         for (keys, args) in [(acquire_keys, acquire_args), (release_keys, release_args)] {
             let _: i64 = client

@@ -16,13 +16,16 @@
 //! * `parked`: the deferred releases' states (parked, releasing, gone) and the acquisitions
 //!   that ask for them;
 //! * [`cohort`](mod@cohort): hand-overs within the process without a call (the barging
-//!   mutex, for acquisitions of handles without an owner).
+//!   mutex, for acquisitions of handles without an owner);
+//! * [`contention`]: which locks the client has seen contended lately, which picks between an
+//!   exclusive lock's fast and full scripts.
 //!
 //! The engine sits above the lease, queue, watch and notify modules, whose registries it
 //! gathers in [`Core`] and whose tasks it starts, and below the lock types and the client.
 
 pub(crate) mod acquire;
 mod cohort;
+pub(crate) mod contention;
 mod parked;
 pub(crate) mod release;
 
@@ -188,6 +191,8 @@ pub(crate) struct Core {
     pub(crate) spanning: DashMap<u64, Arc<dyn SpanningHold>>,
     /// Bounds the acquire attempts in flight at once (see [`MAX_ATTEMPTS_IN_FLIGHT`]).
     pub(crate) attempt_slots: Arc<tokio::sync::Semaphore>,
+    /// Which locks this client has seen contended lately (see [`contention`]).
+    pub(crate) contention: contention::ContentionHints,
 }
 
 impl Core {
@@ -202,10 +207,12 @@ impl Core {
             parked: parked::ParkedHolds::default(),
             spanning: DashMap::new(),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
+            contention: contention::ContentionHints::default(),
         });
         let weak = Arc::downgrade(&core);
         core.waiters.on_queued_behind(move |lock_id, token| {
             if let Some(core) = weak.upgrade() {
+                core.contention.contended(lock_id);
                 core.holds.queued_behind(lock_id, token);
             }
         });

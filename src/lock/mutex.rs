@@ -2,6 +2,7 @@
 //! the barging driver.
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +13,8 @@ use crate::keys::LockKeys;
 use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
-    acquire_reply, force_unlock_with, inspect, leave_queue, release_call, release_with, run_call,
-    successor_args, Acquirer, LockState, SUCCESSOR_ARGS,
+    acquire_reply, force_unlock_with, inspect, leave_queue, release_call, release_reply,
+    release_with, run_call, successor_args, Acquirer, LockState, SUCCESSOR_ARGS,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::Owner;
@@ -321,6 +322,11 @@ impl ExclusiveDriver {
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
         let ctx = &self.engine.ctx;
+        if successor.is_none() && floor.is_none() && self.engine.contention.quiet(self.keys.id()) {
+            if let Some(released) = self.free_fast(owner, token, op, all).await? {
+                return Ok(released);
+            }
+        }
         let mut extra = successor_args(ctx, successor, self.handover_limit_ms());
         if let Some(floor) = floor {
             // `ARGV[15]`, after the six successor positions (empty without a successor).
@@ -340,6 +346,87 @@ impl ExclusiveDriver {
         .await
     }
 }
+
+/// The fast paths of an uncontended take and release (`lua/hold_take.lua`,
+/// `lua/hold_free.lua`), tried first for a lock this client has not seen contended lately
+/// (`crate::engine::contention`); when one does not apply, it changes nothing, the lock counts
+/// as contended, and the full script runs.
+impl ExclusiveDriver {
+    /// A hold whose release this client may defer wants to hear of its first waiter
+    /// (`lua/hold_acquire.lua`, `ARGV[10]`): see `crate::engine::release`.
+    fn wants_notice(&self) -> bool {
+        self.engine.ctx.config.defer_release && self.take_over().is_some()
+    }
+
+    /// Whether an attempt tries the fast take first: the lock is quiet, and this client holds
+    /// none of it (a re-entry, or a wait behind a hold of this client, is no take).
+    fn fast_first(&self) -> bool {
+        let lock_id = self.keys.id();
+        self.engine.contention.quiet(lock_id) && !self.engine.holds.holds_lock(lock_id)
+    }
+
+    /// `lua/hold_take.lua`: the attempt's answer, or None when the fast take does not apply.
+    async fn take_fast(
+        &self,
+        owner: &Owner,
+        op: &str,
+        lease: Duration,
+        notice: bool,
+    ) -> Result<Option<Attempt>> {
+        let ctx = &self.engine.ctx;
+        let script = &SCRIPTS.hold_take;
+        let tag = if notice { ctx.inbox_tag.as_ref() } else { "" };
+        let args = ScriptArgs::acquire(owner.id(), lease.as_millis() as i64, op, "", 0)
+            .extra([tag.into()]);
+        let keys = self.script_keys().through(Key::Hold);
+        let reply = run_call(ctx, &self.keys, script, keys, args).await?;
+        if self.not_fast(&reply) {
+            return Ok(None);
+        }
+        ctx.fast_paths.fetch_add(1, Ordering::Relaxed);
+        acquire_reply(ctx, script, &reply).map(Some)
+    }
+
+    /// `lua/hold_free.lua`: the release's answer, or None when the fast release does not
+    /// apply.
+    async fn free_fast(
+        &self,
+        owner: &Owner,
+        token: u64,
+        op: &str,
+        all: bool,
+    ) -> Result<Option<Released>> {
+        let ctx = &self.engine.ctx;
+        let script = &SCRIPTS.hold_free;
+        let args = release_call(ctx, owner, token, op, all);
+        let keys = self.script_keys().through(Key::Hold);
+        let reply = run_call(ctx, &self.keys, script, keys, args).await?;
+        if self.not_fast(&reply) {
+            return Ok(None);
+        }
+        ctx.fast_paths.fetch_add(1, Ordering::Relaxed);
+        release_reply(script, &reply).map(Some)
+    }
+
+    /// Whether a fast path's reply says it did not apply; `{-2}` also says the lock is
+    /// contended, which the hints remember.
+    fn not_fast(&self, reply: &[i64]) -> bool {
+        match reply {
+            [CONTENDED] => {
+                self.engine.contention.contended(self.keys.id());
+                true
+            }
+            [NOT_ITS_CASE] => true,
+            _ => false,
+        }
+    }
+}
+
+/// A fast path's reply when the lock is contended (held by another owner, or waiters queued).
+const CONTENDED: i64 = -2;
+/// A fast path's reply when the case is not its own for another reason (a lock without a
+/// hash, a hold that is not the caller's).
+const NOT_ITS_CASE: i64 = -3;
 
 impl HoldKind for ExclusiveDriver {
     fn keys(&self) -> &LockKeys {
@@ -367,15 +454,19 @@ impl Driver for ExclusiveDriver {
     ) -> BoxFuture<'static, Result<Attempt>> {
         Box::pin(async move {
             let ctx = &self.engine.ctx;
+            let notice = self.wants_notice();
+            if self.fast_first() {
+                let fast = self.take_fast(&owner, &op, lease, notice).await?;
+                if let Some(attempt) = fast {
+                    return Ok(attempt);
+                }
+            }
             let (waiter, grant_ms) = match (waiting, self.granted) {
                 (false, _) => ("", 0),
                 (true, true) => (waiter.as_ref(), ctx.config.waiter_lease.as_millis() as i64),
                 (true, false) => (waiter.as_ref(), -1),
             };
             let script = &SCRIPTS.hold_acquire;
-            // A hold whose release this client may defer wants to hear of its first waiter
-            // (`lua/hold_acquire.lua`, `ARGV[10]`): see `crate::engine::release`.
-            let notice = ctx.config.defer_release && self.take_over().is_some();
             let args =
                 ScriptArgs::acquire(owner.id(), lease.as_millis() as i64, &op, waiter, grant_ms)
                     .events(ctx.event_args(&self.keys))
@@ -385,7 +476,11 @@ impl Driver for ExclusiveDriver {
                     ]);
             let keys = self.script_keys().through(Key::Events);
             let reply = run_call(ctx, &self.keys, script, keys, args).await?;
-            acquire_reply(ctx, script, &reply)
+            let attempt = acquire_reply(ctx, script, &reply)?;
+            if matches!(attempt, Attempt::Busy { .. }) {
+                self.engine.contention.contended(self.keys.id());
+            }
+            Ok(attempt)
         })
     }
 

@@ -367,6 +367,9 @@ pub(crate) struct Lua<'a> {
     pub(crate) leave: String,
     pub(crate) force: String,
     pub(crate) heartbeat: String,
+    /// The fast paths of an uncontended take and release.
+    pub(crate) take: String,
+    pub(crate) free: String,
     /// The since column each waiter's line got when it queued, by (hold key, waiter id).
     since: RefCell<BTreeMap<(String, String), i64>>,
 }
@@ -382,6 +385,8 @@ impl<'a> Lua<'a> {
             leave: composed(&libraries, include_str!("../../lua/hold_leave.lua")),
             force: composed(&libraries, include_str!("../../lua/hold_force_unlock.lua")),
             heartbeat: composed(&libraries, include_str!("../../lua/hold_heartbeat.lua")),
+            take: composed(&libraries, include_str!("../../lua/hold_take.lua")),
+            free: composed(&libraries, include_str!("../../lua/hold_free.lua")),
             since: RefCell::new(BTreeMap::new()),
         }
     }
@@ -657,6 +662,20 @@ impl<'a> Lua<'a> {
             queues: Some(grant),
         };
         ints(self.release_to(owner, token, op, false, Some(to)))
+    }
+
+    /// `hold_take` (the fast take) by `owner` with lease [`LEASE`]; `notice`: the inbox tag
+    /// it passes to hear of the hold's first waiter, "" for none.
+    pub(crate) fn take_fast(&self, owner: &str, op: &str, notice: &str) -> Vec<i64> {
+        let lease = LEASE.to_string();
+        ints(self.eval(&self.take, &[HOLD], &[owner, &lease, op, "", "0", notice]))
+    }
+
+    /// `hold_free` (the fast release) of `owner`'s hold `token`, one level or all of them.
+    pub(crate) fn free_fast(&self, owner: &str, token: i64, op: &str, all: bool) -> Vec<i64> {
+        let (token, window) = (token.to_string(), WINDOW.to_string());
+        let all = if all { "1" } else { "0" };
+        ints(self.eval(&self.free, &[HOLD], &[owner, &token, op, all, &window]))
     }
 
     /// `hold_leave` of `waiter`; the raw reply.

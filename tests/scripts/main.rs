@@ -25,13 +25,14 @@
 //! compute from the server clock (hold ends, a queued waiter's alive time) are checked against
 //! the clock read around the call that wrote them ([`Span`]).
 //!
-//! Modules: [`lua`] (the harness), [`hold`], [`grants`], [`checks`], [`rw`] (the read-write
-//! lock's scripts).
+//! Modules: [`lua`] (the harness), [`hold`], [`fast`] (the exclusive locks' fast paths),
+//! [`grants`], [`checks`], [`rw`] (the read-write lock's scripts).
 
 #[path = "../support/mod.rs"]
 mod support;
 
 mod checks;
+mod fast;
 mod grants;
 mod hold;
 mod lua;
