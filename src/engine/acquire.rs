@@ -184,6 +184,7 @@ async fn acquire_loop(
                 return hold.await.map(Some);
             }
             Some(Successor::Queued { ttl, token }) => {
+                driver.engine().contention.contended(driver.keys().id());
                 last_busy = Some((sent_at, token));
                 queued.joined();
                 let Some(limit) = patience.wait_limit(ttl) else {
@@ -494,6 +495,10 @@ async fn take_up(
         let outcome = driver.release(owner, token, &op_id(), false).await;
         tracing::debug!(?outcome, "released a hold acquired during shutdown");
         return Err(Error::Shutdown);
+    }
+    if source != Source::OwnScript {
+        // A grant or a hand-over: others wanted the lock (see `crate::engine::contention`).
+        core.contention.contended(driver.keys().id());
     }
     let hold = core.holds.adopt(
         driver.clone(),

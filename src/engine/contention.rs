@@ -10,8 +10,13 @@
 //! lately, and these hints are that memory.
 //!
 //! A lock counts as contended for [`QUIET_AFTER`] after this client last saw it so: an attempt
-//! found it busy, a waiter queued behind a hold of this client (a `held` notice), or a fast
-//! path did not apply. The hints are a fixed table of slots indexed by a hash of the lock id,
+//! found it busy, a release granted or handed it the lock, a take-over queued it, a release
+//! was deferred (others wait), a waiter queued behind a hold of this client (a `held`
+//! notice), or a fast path found it contended. The signals of the contended loop itself
+//! (grants, take-overs, deferred releases) keep the hint fresh while a lock stays contended,
+//! even when no acquisition of the client runs an acquire script of its own for a while: an
+//! acquisition that took the fast path there would join a fair lock's queue one round trip
+//! after it asked, behind waiters that asked later. The hints are a fixed table of slots indexed by a hash of the lock id,
 //! so they cost no memory per lock and never need cleaning: two locks that share a slot share
 //! their hint, which at worst sends a quiet lock through its full script for a while. A hint
 //! only ever chooses between two correct scripts.

@@ -118,6 +118,9 @@ fn defer(hold: &Arc<DriverHold>) -> bool {
     if !deferrable || !core.parked.park(hold) {
         return false;
     }
+    // Others wait for the lock: its next calls go through the full scripts
+    // (`crate::engine::contention`).
+    core.contention.contended(driver.keys().id());
     tracing::trace!(
         lock = driver.keys().name(),
         token = hold.token,
