@@ -119,10 +119,11 @@ pub struct Config {
     #[serde(with = "humantime_serde")]
     pub handover_limit: Duration,
     /// [`Mutex`](crate::Mutex) (with a non-zero [`Config::handover_limit`]) and
-    /// [`FairMutex`](crate::FairMutex): the release of a hold that other waiters queued behind
-    /// in Redis (when it began, or since: the first waiter to queue behind a hold tells its
-    /// client with one event), when no task of this client waits for the lock, is sent once the releasing
-    /// task yields to the scheduler instead of at once. A task of this client that asks for the
+    /// [`FairMutex`](crate::FairMutex), and the write side of an [`RwLock`](crate::RwLock): the
+    /// release of a hold that other waiters queued behind in Redis (when it began, or since:
+    /// the first waiter to queue behind a hold tells its client with one event), when no task
+    /// of this client waits for the lock, is sent once the releasing task yields to the
+    /// scheduler instead of at once. A task of this client that asks for the
     /// same lock before that (the usual loop: unlock, then lock again) takes it over in the
     /// release's own round trip, one script call instead of two; for a fair lock that call
     /// grants the lock to the queue and queues the task at its tail, as a release and a busy

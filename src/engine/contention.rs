@@ -16,10 +16,12 @@
 //! (grants, take-overs, deferred releases) keep the hint fresh while a lock stays contended,
 //! even when no acquisition of the client runs an acquire script of its own for a while: an
 //! acquisition that took the fast path there would join a fair lock's queue one round trip
-//! after it asked, behind waiters that asked later. The hints are a fixed table of slots indexed by a hash of the lock id,
-//! so they cost no memory per lock and never need cleaning: two locks that share a slot share
-//! their hint, which at worst sends a quiet lock through its full script for a while. A hint
-//! only ever chooses between two correct scripts.
+//! after it asked, behind waiters that asked later.
+//!
+//! The hints are a fixed table of slots indexed by a hash of the lock id, so they cost no
+//! memory per lock and never need cleaning: two locks that share a slot share their hint,
+//! which at worst sends a quiet lock through its full script for a while. A hint only ever
+//! chooses between two correct scripts.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -139,6 +139,12 @@ pub(crate) trait Driver: HoldKind {
     fn take_over(&self) -> Option<&dyn HandOver> {
         self.handover()
     }
+    /// Whether this client defers the releases of this lock's contended holds: the
+    /// configuration allows it and the lock can take a deferred release over. Such a lock's
+    /// takes ask Redis to tell the client of a hold's first waiter (the `held` notice).
+    fn defers_releases(&self) -> bool {
+        self.engine().ctx.config.defer_release && self.take_over().is_some()
+    }
     /// For locks whose waiting attempts join a queue in Redis, which the client's heartbeat
     /// watches and which a waiter must leave when it gives up. Default: none.
     fn redis_queue(self: Arc<Self>) -> Option<Arc<dyn RedisQueue>> {

@@ -102,8 +102,7 @@ pub(crate) async fn release_hold(hold: &Arc<DriverHold>) -> Result<Released> {
 fn defer(hold: &Arc<DriverHold>) -> bool {
     let driver = &hold.lock;
     let core = driver.engine();
-    let deferrable = core.ctx.config.defer_release
-        && driver.take_over().is_some()
+    let deferrable = driver.defers_releases()
         && hold.is_contended()
         && hold.guards() == 0
         && hold.lost_cause().is_none()

@@ -349,15 +349,9 @@ impl ExclusiveDriver {
 
 /// The fast paths of an uncontended take and release (`lua/hold_take.lua`,
 /// `lua/hold_free.lua`), tried first for a lock this client has not seen contended lately
-/// (`crate::engine::contention`); when one does not apply, it changes nothing, the lock counts
-/// as contended, and the full script runs.
+/// (`crate::engine::contention`); when one does not apply, it changes nothing and the full
+/// script runs (and when it found the lock contended, the hints remember that).
 impl ExclusiveDriver {
-    /// A hold whose release this client may defer wants to hear of its first waiter
-    /// (`lua/hold_acquire.lua`, `ARGV[10]`): see `crate::engine::release`.
-    fn wants_notice(&self) -> bool {
-        self.engine.ctx.config.defer_release && self.take_over().is_some()
-    }
-
     /// Whether an attempt tries the fast take first: the lock is quiet, and this client holds
     /// none of it (a re-entry, or a wait behind a hold of this client, is no take).
     fn fast_first(&self) -> bool {
@@ -454,7 +448,9 @@ impl Driver for ExclusiveDriver {
     ) -> BoxFuture<'static, Result<Attempt>> {
         Box::pin(async move {
             let ctx = &self.engine.ctx;
-            let notice = self.wants_notice();
+            // A hold whose release this client may defer wants to hear of its first waiter
+            // (`lua/hold_acquire.lua`, `ARGV[10]`).
+            let notice = self.defers_releases();
             if self.fast_first() {
                 let fast = self.take_fast(&owner, &op, lease, notice).await?;
                 if let Some(attempt) = fast {

@@ -331,13 +331,8 @@ impl Driver for RwDriver {
                 ctx.inbox_tag.as_ref().into(),
                 self.retry_window_ms().into(),
                 // A write hold whose release this client may defer wants to hear of its first
-                // waiter (`lua/rw_acquire.lua`, `ARGV[12]`; see `crate::engine::release`).
-                if ctx.config.defer_release && self.take_over().is_some() {
-                    "1"
-                } else {
-                    ""
-                }
-                .into(),
+                // waiter (`lua/rw_acquire.lua`, `ARGV[12]`).
+                if self.defers_releases() { "1" } else { "" }.into(),
             ]);
             let script = &SCRIPTS.rw_acquire;
             let reply = run_call(ctx, &self.keys, script, self.script_keys(), args).await?;
