@@ -1,6 +1,6 @@
 //! A short guided tour of fredlock, run by `scripts/demo`.
 //!
-//! It connects to `REDIS_URL` (default `redis://127.0.0.1:6379`) and runs the same five
+//! It connects to `REDIS_URL` (default `redis://127.0.0.1:6379`) and runs the same six
 //! scenes twice, once per notification mode (Stream, then Pub/Sub), each under its own key
 //! prefix so that the two layouts never meet:
 //!
@@ -12,6 +12,8 @@
 //! * (d) lease lost: the lock key is deleted behind a watchdog guard's back, and `lost()` says so;
 //! * (e) push wakeup: how long a waiting task takes to get the lock after `unlock()`, and how
 //!   many connections the server sees meanwhile.
+//! * (f) transfers between two accounts, each under a `MultiLock` over both accounts' locks,
+//!   named in opposite orders by half of the tasks: no deadlock, the total stays the same.
 //!
 //! The process exits with status 1 if a check fails. Set `RUST_LOG` (e.g. `RUST_LOG=debug`)
 //! to see the crate's tracing output. The demo leaves its keys under `fredlock-demo-<pid>-*`.
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::{ClientLike, KeysInterface};
 use fred::types::InfoKind;
-use fredlock::{Config, Lease, LockClient, LostCause, NotificationMode, Owner};
+use fredlock::{Config, Lease, LockClient, LostCause, MultiLock, NotificationMode, Owner};
 
 type DemoResult<T> = Result<T, Box<dyn StdError + Send + Sync>>;
 
@@ -93,6 +95,7 @@ async fn tour(url: &str, mode: NotificationMode, checks: &mut Checks) -> DemoRes
     fencing(&locks, checks).await?;
     lease_lost(&locks, &config.key_prefix, checks).await?;
     push_wakeup(&locks, checks).await?;
+    transfers(&locks, &config.key_prefix, checks).await?;
     locks.shutdown().await?;
     Ok(())
 }
@@ -125,22 +128,8 @@ async fn contention(locks: &LockClient, prefix: &str, checks: &mut Checks) -> De
         });
     }
     // Normally well under a second. The bound only turns a stalled hand-off into a failed check.
-    let finished = tokio::time::timeout(STALL, async {
-        while let Some(joined) = tasks.join_next().await {
-            joined??;
-        }
-        DemoResult::Ok(())
-    })
-    .await;
-    let stalled = match finished {
-        Ok(result) => {
-            result?;
-            false
-        }
-        Err(_) => true,
-    };
+    let stalled = !finished_within(&mut tasks, STALL).await?;
     let waiting = locks.stats().waiting;
-    tasks.abort_all();
 
     let total: Option<u64> = locks.redis().get(counter.as_str()).await?;
     let total = total.unwrap_or(0);
@@ -159,6 +148,72 @@ async fn contention(locks: &LockClient, prefix: &str, checks: &mut Checks) -> De
         total == TASKS * ROUNDS,
         format!("counter is {total}, expected {}", TASKS * ROUNDS),
     );
+    Ok(())
+}
+
+/// Waits up to `bound` for every task of `tasks`; false (and the rest aborted) when it passed.
+async fn finished_within(
+    tasks: &mut tokio::task::JoinSet<DemoResult<()>>,
+    bound: Duration,
+) -> DemoResult<bool> {
+    let finished = tokio::time::timeout(bound, async {
+        while let Some(joined) = tasks.join_next().await {
+            joined??;
+        }
+        DemoResult::Ok(())
+    })
+    .await;
+    tasks.abort_all();
+    match finished {
+        Ok(result) => result.map(|()| true),
+        Err(_) => Ok(false),
+    }
+}
+
+/// (f) Transfers between two accounts, each under a `MultiLock` over both accounts' locks,
+/// half of the tasks naming them in the opposite order: no deadlock, no money lost.
+async fn transfers(locks: &LockClient, prefix: &str, checks: &mut Checks) -> DemoResult<()> {
+    const ROUNDS: u64 = 10;
+    const STALL: Duration = Duration::from_secs(10);
+    let accounts = [format!("{prefix}:account:a"), format!("{prefix}:account:b")];
+    for account in &accounts {
+        let _: () = locks.redis().set(account, 100, None, None, false).await?;
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (from, to) in [(0, 1), (1, 0), (0, 1), (1, 0)] {
+        // Listed from the source account: two tasks name the locks in each order.
+        let names = [format!("account:{from}"), format!("account:{to}")];
+        let both = MultiLock::new([locks.mutex(&names[0])?, locks.mutex(&names[1])?])?;
+        let (redis, accounts) = (locks.redis().clone(), accounts.clone());
+        tasks.spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = both.lock().await?;
+                let source: i64 = redis.get(&accounts[from]).await?;
+                let target: i64 = redis.get(&accounts[to]).await?;
+                tokio::task::yield_now().await;
+                let _: () = redis
+                    .set(&accounts[from], source - 1, None, None, false)
+                    .await?;
+                let _: () = redis
+                    .set(&accounts[to], target + 1, None, None, false)
+                    .await?;
+                guard.unlock().await?;
+            }
+            DemoResult::Ok(())
+        });
+    }
+    let finished = finished_within(&mut tasks, STALL).await?;
+    let mut total = 0;
+    for account in &accounts {
+        let balance: i64 = locks.redis().get(account).await?;
+        total += balance;
+    }
+    println!(
+        "(f) 4 tasks x {ROUNDS} transfers, each under a MultiLock over both accounts (listed in \
+         opposite orders by half of them): finished {finished}, total {total} (expected 200)"
+    );
+    checks.expect(finished, format!("transfers stalled after {STALL:?}"));
+    checks.expect(total == 200, format!("total is {total}, expected 200"));
     Ok(())
 }
 

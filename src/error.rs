@@ -100,6 +100,10 @@ pub enum Error {
     /// A read-write lock owner asked for a write hold while holding a read hold (no upgrade).
     #[error("lock {0:?}: upgrading a read hold to a write hold is not supported")]
     UpgradeNotSupported(String),
+    /// A [`MultiLock`](crate::MultiLock) was given no lock, or the same lock twice (an
+    /// acquisition would wait for its own hold).
+    #[error("invalid multi-lock: {0}")]
+    InvalidMultiLock(String),
     /// Fewer replicas than [`crate::Config::replica_acks`] confirmed a fresh hold in time; the
     /// hold was released again.
     #[error("lock {lock:?}: {acked} of {wanted} replicas confirmed the hold in time")]

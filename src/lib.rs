@@ -33,6 +33,8 @@
 //!   readers queue behind it; per-hold leases; downgrade, no upgrade.
 //! * [`Redlock`]: one exclusive lock over N independent masters (quorum N/2+1), for when a
 //!   single Redis is not trusted to keep a lock through a failover.
+//! * [`MultiLock`]: several of the locks above taken all or nothing under one guard, in one
+//!   order every process shares, so that two multi-locks over the same locks never deadlock.
 //!
 //! ## Guarantees
 //!
@@ -83,6 +85,7 @@ pub use error::{Error, NotHeldReason, Result};
 pub use keys::MAX_NAME_LEN;
 pub use lease::{Lease, LostCause};
 pub use lock::guard::{FairMutexGuard, LockGuard, MutexGuard, ReadGuard, WriteGuard};
+pub use lock::multi::{MultiLock, MultiLockGuard, MultiMember};
 pub use lock::mutex::{FairMutex, Mutex};
 pub use lock::redlock::{Redlock, RedlockGuard};
 pub use lock::rwlock::{RwLock, RwLockState};

@@ -7,6 +7,7 @@
 //! and its guards reach the client's state through its [`Engine`], never through the client.
 
 pub(crate) mod guard;
+pub(crate) mod multi;
 pub(crate) mod mutex;
 pub(crate) mod redlock;
 pub(crate) mod rwlock;

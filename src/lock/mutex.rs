@@ -105,6 +105,12 @@ struct Handle {
 }
 
 impl Handle {
+    /// The lock's key in Redis: the order in which a [`MultiLock`](crate::MultiLock) takes
+    /// its members.
+    fn hold_key(&self) -> String {
+        self.inner.driver.keys().key("")
+    }
+
     fn name(&self) -> &str {
         self.inner.driver.keys().name()
     }
@@ -160,6 +166,11 @@ impl Mutex {
     /// Whether this handle is a fair (FIFO) lock: one converted from a [`FairMutex`].
     pub fn is_fair(&self) -> bool {
         self.0.fair
+    }
+
+    /// The lock's key in Redis (see [`Handle::hold_key`]).
+    pub(crate) fn hold_key(&self) -> String {
+        self.0.hold_key()
     }
 
     /// The driver of one instance of a [`Redlock`](crate::Redlock): the barging mutex of that

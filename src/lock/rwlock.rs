@@ -92,6 +92,12 @@ impl RwLock {
         self.read.driver.keys().name()
     }
 
+    /// The lock's key in Redis: the order in which a [`MultiLock`](crate::MultiLock) takes
+    /// its members.
+    pub(crate) fn hold_key(&self) -> String {
+        self.read.driver.keys().key("")
+    }
+
     /// A handle whose holds are taken under `owner` (re-entry, downgrade).
     pub fn with_owner(self, owner: &Owner) -> RwLock {
         RwLock {
