@@ -33,6 +33,7 @@ use crate::engine::{Core, Engine};
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
 use crate::layout::Layout;
+use crate::lock::latch::CountDownLatch;
 use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::redlock::Redlock;
 use crate::lock::rwlock::RwLock;
@@ -295,6 +296,11 @@ impl LockClient {
     /// A read-write lock handle (see [`RwLock`]). Validates the name; no Redis call.
     pub fn rwlock(&self, name: &str) -> Result<RwLock> {
         RwLock::new(self.engine.clone(), name)
+    }
+
+    /// A count-down latch handle (see [`CountDownLatch`]). Validates the name; no Redis call.
+    pub fn count_down_latch(&self, name: &str) -> Result<CountDownLatch> {
+        CountDownLatch::new(self.engine.clone(), name)
     }
 
     /// The configuration in use.

@@ -100,6 +100,10 @@ pub enum Error {
     /// A read-write lock owner asked for a write hold while holding a read hold (no upgrade).
     #[error("lock {0:?}: upgrading a read hold to a write hold is not supported")]
     UpgradeNotSupported(String),
+    /// A [`CountDownLatch`](crate::CountDownLatch) count of 0 (a latch with a count is
+    /// closed until it reaches 0; set no count to leave it open).
+    #[error("invalid latch count {0}: it must be at least 1")]
+    InvalidCount(u64),
     /// A [`MultiLock`](crate::MultiLock) was given no lock, or the same lock twice (an
     /// acquisition would wait for its own hold).
     #[error("invalid multi-lock: {0}")]

@@ -35,6 +35,8 @@
 //!   single Redis is not trusted to keep a lock through a failover.
 //! * [`MultiLock`]: several of the locks above taken all or nothing under one guard, in one
 //!   order every process shares, so that two multi-locks over the same locks never deadlock.
+//! * [`CountDownLatch`] ([`LockClient::count_down_latch`]): not a lock: a count set once,
+//!   counted down from anywhere; every task waiting for it wakes, by push, when it reaches 0.
 //!
 //! ## Guarantees
 //!
@@ -85,6 +87,7 @@ pub use error::{Error, NotHeldReason, Result};
 pub use keys::MAX_NAME_LEN;
 pub use lease::{Lease, LostCause};
 pub use lock::guard::{FairMutexGuard, LockGuard, MutexGuard, ReadGuard, WriteGuard};
+pub use lock::latch::CountDownLatch;
 pub use lock::multi::{MultiLock, MultiLockGuard, MultiMember};
 pub use lock::mutex::{FairMutex, Mutex};
 pub use lock::redlock::{Redlock, RedlockGuard};

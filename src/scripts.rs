@@ -165,6 +165,7 @@ const NOTIFY: &str = include_str!("../lua/lib/notify.lua");
 const HOLD: &str = include_str!("../lua/lib/hold.lua");
 const RW: &str = include_str!("../lua/lib/rw.lua");
 const FENCE: &str = include_str!("../lua/lib/fence.lua");
+const LATCH: &str = include_str!("../lua/lib/latch.lua");
 
 macro_rules! scripts {
     ($($field:ident: [$($lib:ident),*]),* $(,)?) => {
@@ -191,6 +192,7 @@ macro_rules! scripts {
             ("hold", HOLD),
             ("rw", RW),
             ("fence", FENCE),
+            ("latch", LATCH),
         ];
 
         impl Scripts {
@@ -220,6 +222,10 @@ scripts! {
     rw_force_unlock: [FENCE, NOTIFY, HOLD, RW],
     hold_renew: [FENCE, HOLD],
     hold_inspect: [],
+    latch_set: [LATCH],
+    latch_wait: [LATCH],
+    latch_count_down: [NOTIFY, LATCH],
+    latch_delete: [NOTIFY, LATCH],
 }
 
 /// A key role and its position in the KEYS of every script that takes it (`lua/README.md`): a
@@ -320,6 +326,11 @@ impl ScriptArgs {
             if all { "1" } else { "0" }.into(),
             window_ms.into(),
         ])
+    }
+
+    /// A script that takes no section: its own arguments from `ARGV[1]`.
+    pub(crate) fn own(args: impl IntoIterator<Item = Value>) -> Self {
+        ScriptArgs(args.into_iter().collect())
     }
 
     /// A script without a call (force unlock): the call positions are passed empty.
@@ -433,7 +444,7 @@ mod tests {
                 source.starts_with(&format!("-- {file}.lua")),
                 "{file}: header"
             );
-            let library = ["check", "notify", "hold", "rw", "fence"].contains(file);
+            let library = ["check", "notify", "hold", "rw", "fence", "latch"].contains(file);
             if !library {
                 for word in ["KEYS", "ARGV", "Returns"] {
                     assert!(source.contains(word), "{file}: header lacks {word}");
@@ -532,7 +543,7 @@ mod tests {
     /// ARGV layout); their fixed KEYS entries are checked all the same.
     #[test]
     fn every_script_header_follows_the_canonical_order() {
-        let libraries = ["check", "notify", "hold", "rw", "fence"];
+        let libraries = ["check", "notify", "hold", "rw", "fence", "latch"];
         for (file, source) in SOURCES {
             if libraries.contains(file) {
                 continue;

@@ -57,6 +57,8 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "pexpire",
     "pttl",
     "publish",
+    "sadd",
+    "smembers",
     "time",
     "type",
     "xadd",
@@ -272,6 +274,18 @@ async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
             &waiter,
         )
         .await;
+
+        // A latch opened by the holder's client wakes the waiter's task.
+        let latch = holder.count_down_latch("acl-latch").expect("latch");
+        assert!(latch.try_set_count(1).await.expect("set"));
+        let waiting = waiter.count_down_latch("acl-latch").expect("latch");
+        let opened = tokio::spawn(async move { waiting.wait().await });
+        support::eventually("the latch waiter registered", || waiter.stats().waiting > 0).await;
+        assert_eq!(latch.count_down().await.expect("count down"), 0);
+        bounded("the latch waiter", opened)
+            .await
+            .unwrap()
+            .expect("wait");
 
         // A hold released by shutdown.
         let kept = bounded("lock", holder.mutex("acl-kept").expect("m").lock())

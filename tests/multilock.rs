@@ -4,36 +4,14 @@
 
 mod support;
 
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fredlock::{Error, Lease, LockClient, LockGuard, MultiLock, MultiMember, NotificationMode};
-use support::{bounded, connect, eventually_async, init_tracing, shutdown, RedisServer, MODES};
-
-async fn client(server: &RedisServer, mode: NotificationMode, prefix: &str) -> LockClient {
-    let prefix = format!("{prefix}-{}", mode.as_str());
-    connect(support::config(server, &prefix, mode)).await
-}
-
-/// Runs `scenario` once per notification mode on one fresh server, with two clients under one
-/// prefix (`locks`, the multi-lock's, and `other`), and shuts them down after it.
-async fn in_both_modes<F, Fut>(prefix: &str, scenario: F)
-where
-    F: Fn(NotificationMode, LockClient, LockClient) -> Fut,
-    Fut: Future<Output = ()>,
-{
-    init_tracing();
-    let server = RedisServer::start();
-    for mode in MODES {
-        let locks = client(&server, mode, prefix).await;
-        let other = client(&server, mode, prefix).await;
-        scenario(mode, locks.clone(), other.clone()).await;
-        shutdown(&locks).await;
-        shutdown(&other).await;
-    }
-}
+use support::{
+    bounded, connect, eventually_async, in_both_modes, init_tracing, shutdown, RedisServer,
+};
 
 /// A multi-lock over a mutex, a fair mutex and the write side of a read-write lock.
 fn three(locks: &LockClient) -> MultiLock {
@@ -259,19 +237,16 @@ async fn losing_one_member_is_reported() {
 /// and a writer waits for both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_members_are_shared() {
-    init_tracing();
-    let server = RedisServer::start();
-    for mode in MODES {
-        let locks = client(&server, mode, "multi-read").await;
-        let reading = |own: &str| {
+    in_both_modes("multi-read", |mode, locks, other| async move {
+        let reading = |locks: &LockClient, own: &str| {
             MultiLock::new([
                 MultiMember::read(locks.rwlock("shared").unwrap()),
                 MultiMember::from(locks.mutex(own).unwrap()),
             ])
             .unwrap()
         };
-        let one = reading("one").lock().await.unwrap();
-        let two = bounded("a second reader", reading("two").lock())
+        let one = reading(&locks, "one").lock().await.unwrap();
+        let two = bounded("a second reader", reading(&other, "two").lock())
             .await
             .unwrap();
         let writer = locks.rwlock("shared").unwrap();
@@ -283,8 +258,8 @@ async fn read_members_are_shared() {
             .await
             .unwrap();
         write.unlock().await.unwrap();
-        shutdown(&locks).await;
-    }
+    })
+    .await;
 }
 
 /// No lock, or one lock twice (also both sides of one read-write lock), is refused before
@@ -293,7 +268,12 @@ async fn read_members_are_shared() {
 async fn invalid_member_sets_are_refused() {
     init_tracing();
     let server = RedisServer::start();
-    let locks = client(&server, NotificationMode::Stream, "multi-invalid").await;
+    let locks = connect(support::config(
+        &server,
+        "multi-invalid",
+        NotificationMode::Stream,
+    ))
+    .await;
     let none: [MultiMember; 0] = [];
     let twice = [locks.mutex("a").unwrap(), locks.mutex("a").unwrap()];
     let rw = locks.rwlock("b").unwrap();

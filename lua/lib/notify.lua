@@ -12,6 +12,8 @@
 --   held|<token>                                   to a holder's client: the first waiter
 --                                                  queued behind its hold with this token
 --                                                  (field i of lib/hold.lua)
+--   all|                                           every waiter of the id: a count-down latch
+--                                                  opened (lib/latch.lua)
 -- mode is "stream" | "stream6" (Stream mode on Redis 6.2+, which has XADD NOMKSTREAM) |
 -- "pubsub" | "spubsub" (Redis Cluster 7+) | "bpubsub" (a cluster before Redis 7, where PUBLISH
 -- is broadcast to every node). Uses EXISTS, XADD MAXLEN ~, XADD NOMKSTREAM (6.2+ only),

@@ -1,5 +1,7 @@
 //! Lock types: each is a thin [`Driver`] (its keys, scripts and wake rule) plus a public handle;
-//! waiting, renewal and release are shared (see [`crate::engine`] and [`crate::lease`]).
+//! waiting, renewal and release are shared (see [`crate::engine`] and [`crate::lease`]). Beside
+//! them, two synchronizers without a driver of their own: `MultiLock` over the lock handles,
+//! and `CountDownLatch` on the engine's waiter table.
 //!
 //! This module also holds what the drivers share: the handle core ([`Acquirer`]) and the
 //! decoding of the replies that all hold-based scripts give. The lock types sit below the
@@ -7,6 +9,7 @@
 //! and its guards reach the client's state through its [`Engine`], never through the client.
 
 pub(crate) mod guard;
+pub(crate) mod latch;
 pub(crate) mod multi;
 pub(crate) mod mutex;
 pub(crate) mod redlock;

@@ -58,6 +58,8 @@ pub(crate) enum WakeRule {
     /// (wire name `grants`, target `token,queued,id:lasts_ms,id:lasts_ms…`); only they wake. A
     /// reader whose numbers do not parse is only woken (None).
     Grants(Vec<(String, Option<Granted>)>),
+    /// Every local waiter of the lock id (wire name `all`: a count-down latch opened), and
+    /// what an unknown rule or a payload that does not parse becomes.
     All,
     /// Not a wakeup: the first waiter queued behind this client's hold of the lock whose token
     /// this is (wire name `held`, target the token; `lua/lib/hold.lua`, field `i`). A token
@@ -73,6 +75,8 @@ impl WakeRule {
             "grant" => Self::parse_grant(target),
             "grants" => Self::parse_grants(target),
             "held" => WakeRule::QueuedBehind(target.parse().ok()),
+            // "all": a count-down latch opened (`lua/lib/latch.lua`); and any rule this
+            // version does not know.
             _ => WakeRule::All,
         }
     }
@@ -194,6 +198,13 @@ mod tests {
             WakeRule::QueuedBehind(None),
             "a token that does not parse names every hold of the lock"
         );
+    }
+
+    #[test]
+    fn an_opened_latch_wakes_every_waiter_of_its_id() {
+        let event = Event::from_payload("0|all||latch:gate").unwrap();
+        assert_eq!(event.lock_id, "latch:gate");
+        assert_eq!(event.rule, WakeRule::All);
     }
 
     #[test]

@@ -169,6 +169,25 @@ pub async fn shutdown(client: &LockClient) {
         .expect("shutdown");
 }
 
+/// Runs `scenario` once per notification mode on one fresh server, with two connected
+/// clients under one key prefix per mode (`<prefix>-<mode>`), and shuts them down after it.
+pub async fn in_both_modes<F, Fut>(prefix: &str, scenario: F)
+where
+    F: Fn(NotificationMode, LockClient, LockClient) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    super::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("{prefix}-{}", mode.as_str());
+        let first = connect(config(&server, &prefix, mode)).await;
+        let second = connect(config(&server, &prefix, mode)).await;
+        scenario(mode, first.clone(), second.clone()).await;
+        shutdown(&first).await;
+        shutdown(&second).await;
+    }
+}
+
 /// Today's date (UTC) as `YYYY-MM-DD`, for the generated report pages of the bench and the
 /// chaos suite (days to civil date, proleptic Gregorian calendar).
 pub fn utc_date() -> String {

@@ -1,0 +1,211 @@
+//! [`CountDownLatch`]: a count set once, counted down by anyone, and waited for until it
+//! reaches zero.
+//!
+//! Why it needs no driver: a latch has no holder, no lease and no queue order, so it shares
+//! none of the engine's acquisition machinery. What it shares is the wake-up path: a waiting
+//! task registers in the client's waiter table under the latch's id before it looks, its
+//! client's inbox tag joins the latch's set of waiting clients in the same script, and the
+//! script that opens the latch sends one event into each of those inboxes (`lua/lib/latch.lua`),
+//! which wakes every waiting task of that client. So opening costs one event per waiting
+//! process, and no waiter polls: the bound on each wait is a safety net, not a poll.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+use tokio::time::Instant;
+
+use crate::config::{check_duration, MAX_DURATION};
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::keys::LockKeys;
+use crate::lock::{flag_reply, run_call};
+use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
+
+/// A distributed count-down latch (Redisson's `RCountDownLatch`), made by
+/// [`LockClient::count_down_latch`](crate::LockClient::count_down_latch).
+///
+/// **Semantics.** [`try_set_count`](Self::try_set_count) gives a latch that is open (it has
+/// no count) a count; each [`count_down`](Self::count_down) takes one off, from any process;
+/// the one that reaches zero opens the latch, and every task that [`wait`](Self::wait)s for it
+/// returns. A latch that was never set is open. An open latch can be set again. The count
+/// lives in Redis without a ttl, until the latch opens or is [`delete`](Self::delete)d
+/// (which opens it too).
+///
+/// **Wake-ups.** The opening script sends one event into the inbox of each client that has a
+/// task waiting, and each client wakes all of its tasks waiting on the latch: no polling. Each
+/// wait also looks again after [`Config::watchdog_lease`](crate::Config::watchdog_lease) (30 s
+/// by default) without an event, as a safety net.
+///
+/// **Failures.** A waiting call retries a look that failed transiently (a timeout, a lost
+/// connection, a failover) for [`Config::transient_retry`](crate::Config::transient_retry), as
+/// a lock's acquisition does. A count-down is not retried: it is not idempotent, so one whose
+/// reply was lost (an error) may or may not have been applied; [`count`](Self::count) tells.
+///
+/// **Cancellation.** Dropping a pending [`wait`](Self::wait) leaves nothing behind but its
+/// client's inbox tag in the latch's set of waiting clients, which the opening drops.
+///
+/// ```no_run
+/// # async fn run(locks: fredlock::LockClient) -> fredlock::Result<()> {
+/// let ready = locks.count_down_latch("workers-ready")?;
+/// ready.try_set_count(3).await?;
+/// // ... in each of three workers, once it is ready:
+/// ready.count_down().await?;
+/// // ... anywhere, to wait for all three:
+/// ready.wait().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct CountDownLatch {
+    engine: Arc<Engine>,
+    keys: LockKeys,
+}
+
+impl CountDownLatch {
+    pub(crate) fn new(engine: Arc<Engine>, name: &str) -> Result<CountDownLatch> {
+        let keys = engine.ctx.keyspace.lock("latch", name)?;
+        Ok(CountDownLatch { engine, keys })
+    }
+
+    /// The latch's name.
+    pub fn name(&self) -> &str {
+        self.keys.name()
+    }
+
+    /// Gives the latch `count` if it is open (it has no count): `true` when this call set it,
+    /// `false` when it has a count already (left as it is). A `count` of 0 is refused with
+    /// [`Error::InvalidCount`] before any Redis call.
+    pub async fn try_set_count(&self, count: u64) -> Result<bool> {
+        if count == 0 {
+            return Err(Error::InvalidCount(count));
+        }
+        let script = &SCRIPTS.latch_set;
+        let args = ScriptArgs::own([count.to_string().into()]);
+        let reply = self.call(script, Key::Queue, args).await?;
+        let set = flag_reply(script, &reply)?;
+        tracing::debug!(latch = self.name(), count, set, "latch count set");
+        Ok(set)
+    }
+
+    /// Counts the latch down by one and returns what is left: 0 when this call opened it (and
+    /// woke every waiting task) or when it was open already.
+    pub async fn count_down(&self) -> Result<u64> {
+        let script = &SCRIPTS.latch_count_down;
+        let args = ScriptArgs::no_call().events(self.engine.ctx.event_args(&self.keys));
+        let left = self.count_reply(script, Key::Events, args).await?;
+        tracing::debug!(latch = self.name(), left, "latch counted down");
+        Ok(left)
+    }
+
+    /// The count left: 0 when the latch is open.
+    pub async fn count(&self) -> Result<u64> {
+        let script = &SCRIPTS.latch_wait;
+        // A look without an inbox tag only reads.
+        let args = ScriptArgs::own([Value::from("")]);
+        self.count_reply(script, Key::Queue, args).await
+    }
+
+    /// Deletes the latch whatever its count, which opens it: every waiting task returns.
+    /// `true` when it had a count.
+    pub async fn delete(&self) -> Result<bool> {
+        let script = &SCRIPTS.latch_delete;
+        let args = ScriptArgs::no_call().events(self.engine.ctx.event_args(&self.keys));
+        let reply = self.call(script, Key::Events, args).await?;
+        flag_reply(script, &reply)
+    }
+
+    /// Waits until the latch is open.
+    pub async fn wait(&self) -> Result<()> {
+        self.wait_until(None).await.map(|_| ())
+    }
+
+    /// Waits at most `timeout` for the latch to open: `true` when it is open.
+    pub async fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
+        if !timeout.is_zero() {
+            check_duration("timeout", timeout, Duration::from_nanos(1))?;
+        }
+        self.wait_until(Some(Instant::now() + timeout.min(MAX_DURATION)))
+            .await
+    }
+
+    /// Registers, then looks (the order that loses no wake-up: an opening after the look finds
+    /// the registration), then waits for a wake-up, the safety-net bound or the deadline.
+    async fn wait_until(&self, deadline: Option<Instant>) -> Result<bool> {
+        let ctx = &self.engine.ctx;
+        ctx.check_open()?;
+        let registration = self.engine.waiters.register(self.keys.id(), None, None);
+        let recheck = ctx.config.watchdog_lease;
+        loop {
+            if self.look().await? == 0 {
+                tracing::debug!(latch = self.name(), "latch open");
+                return Ok(true);
+            }
+            let limit = match deadline {
+                None => recheck,
+                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left.min(recheck),
+                    _ => return Ok(false),
+                },
+            };
+            tracing::trace!(
+                latch = self.name(),
+                wait_ms = limit.as_millis() as u64,
+                "waiting"
+            );
+            let woken = registration.wait(limit).await;
+            tracing::trace!(latch = self.name(), woken, "re-checking");
+            ctx.check_open()?;
+        }
+    }
+
+    /// One look on behalf of a waiting task (`latch_wait`): the count, with this client
+    /// registered to hear of the opening. A transient failure is retried for
+    /// `Config::transient_retry` (the look is idempotent).
+    async fn look(&self) -> Result<u64> {
+        let ctx = &self.engine.ctx;
+        let script = &SCRIPTS.latch_wait;
+        let mut failing_since = None;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let args = ScriptArgs::own([ctx.inbox_tag.as_ref().into()]);
+            match self.count_reply(script, Key::Queue, args).await {
+                Err(error) if error.is_retryable() => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() + pause > ctx.config.transient_retry {
+                        return Err(error);
+                    }
+                    tracing::debug!(latch = self.name(), %error, "latch look failed; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    ctx.check_open()?;
+                }
+                outcome => return outcome,
+            }
+        }
+    }
+
+    async fn call(&self, script: &Script, last: Key, args: ScriptArgs) -> Result<Vec<i64>> {
+        let keys = ScriptKeys::new(&self.keys).through(last);
+        run_call(&self.engine.ctx, &self.keys, script, keys, args).await
+    }
+
+    /// Runs a script whose reply is `{count}`.
+    async fn count_reply(&self, script: &Script, last: Key, args: ScriptArgs) -> Result<u64> {
+        match self.call(script, last, args).await?[..] {
+            [count] if count >= 0 => Ok(count as u64),
+            ref reply => Err(Error::Protocol {
+                script: script.name(),
+                detail: format!("unexpected reply {reply:?}"),
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for CountDownLatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountDownLatch")
+            .field("latch", &self.keys.id())
+            .finish()
+    }
+}
