@@ -1,6 +1,6 @@
 //! A short guided tour of fredlock, run by `scripts/demo`.
 //!
-//! It connects to `REDIS_URL` (default `redis://127.0.0.1:6379`) and runs the same six
+//! It connects to `REDIS_URL` (default `redis://127.0.0.1:6379`) and runs the same seven
 //! scenes twice, once per notification mode (Stream, then Pub/Sub), each under its own key
 //! prefix so that the two layouts never meet:
 //!
@@ -14,6 +14,7 @@
 //!   many connections the server sees meanwhile.
 //! * (f) transfers between two accounts, each under a `MultiLock` over both accounts' locks,
 //!   named in opposite orders by half of the tasks: no deadlock, the total stays the same.
+//! * (g) a `CountDownLatch`: two tasks wait until three count-downs open it.
 //!
 //! The process exits with status 1 if a check fails. Set `RUST_LOG` (e.g. `RUST_LOG=debug`)
 //! to see the crate's tracing output. The demo leaves its keys under `fredlock-demo-<pid>-*`.
@@ -96,6 +97,7 @@ async fn tour(url: &str, mode: NotificationMode, checks: &mut Checks) -> DemoRes
     lease_lost(&locks, &config.key_prefix, checks).await?;
     push_wakeup(&locks, checks).await?;
     transfers(&locks, &config.key_prefix, checks).await?;
+    latch(&locks, checks).await?;
     locks.shutdown().await?;
     Ok(())
 }
@@ -214,6 +216,39 @@ async fn transfers(locks: &LockClient, prefix: &str, checks: &mut Checks) -> Dem
     );
     checks.expect(finished, format!("transfers stalled after {STALL:?}"));
     checks.expect(total == 200, format!("total is {total}, expected 200"));
+    Ok(())
+}
+
+/// (g) A count-down latch: two tasks wait until three workers have counted it down.
+async fn latch(locks: &LockClient, checks: &mut Checks) -> DemoResult<()> {
+    const STALL: Duration = Duration::from_secs(10);
+    let ready = locks.count_down_latch("workers-ready")?;
+    let set = ready.try_set_count(3).await?;
+    let mut waiting = tokio::task::JoinSet::new();
+    for _ in 0..2 {
+        let ready = ready.clone();
+        waiting.spawn(async move {
+            ready.wait().await?;
+            DemoResult::Ok(())
+        });
+    }
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        counts.push(ready.count_down().await?);
+    }
+    let woken = finished_within(&mut waiting, STALL).await?;
+    println!(
+        "(g) a CountDownLatch set to 3 (set: {set}), counted down to {counts:?}: the 2 waiting \
+         tasks returned: {woken}"
+    );
+    checks.expect(
+        set && counts == [2, 1, 0],
+        format!("latch counts {counts:?}"),
+    );
+    checks.expect(
+        woken,
+        format!("latch waiters still waiting after {STALL:?}"),
+    );
     Ok(())
 }
 

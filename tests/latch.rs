@@ -10,7 +10,8 @@ use fred::interfaces::{HashesInterface, KeysInterface};
 use fredlock::{CountDownLatch, Error, LockClient, NotificationMode};
 use support::{bounded, connect, in_both_modes, init_tracing, poll_once, shutdown, RedisServer};
 
-/// `tasks` tasks of `locks` waiting on the latch `name`, once each has registered and looked.
+/// `tasks` tasks of `locks` waiting on the latch `name`, once each has registered in the
+/// client's waiter table (its look may still be in flight).
 async fn waiting(locks: &LockClient, name: &str, tasks: usize) -> Vec<tokio::task::JoinHandle<()>> {
     let before = locks.stats().waiting;
     let handles = (0..tasks)
@@ -43,10 +44,14 @@ async fn opening_wakes_every_waiting_task_of_every_client() {
         for task in &mut tasks {
             poll_once("a waiter before the last count-down", task).await;
         }
+        let wakeups = [locks.stats().wakeups, other.stats().wakeups];
         assert_eq!(theirs.count_down().await.unwrap(), 0, "{mode:?}: opened");
         for task in tasks {
             bounded("a waiter after the opening", task).await.unwrap();
         }
+        // Woken by the opening's events, not by the safety-net look (30 s later).
+        assert!(locks.stats().wakeups >= wakeups[0] + 3, "{mode:?}");
+        assert!(other.stats().wakeups >= wakeups[1] + 2, "{mode:?}");
         assert_eq!(latch.count().await.unwrap(), 0);
         assert_eq!(
             latch.count_down().await.unwrap(),
@@ -130,6 +135,9 @@ async fn bad_counts_and_foreign_values_are_refused() {
         latch.try_set_count(0).await,
         Err(Error::InvalidCount(0))
     ));
+    let too_many = CountDownLatch::MAX_COUNT + 1;
+    let refused = latch.try_set_count(too_many).await;
+    assert!(matches!(refused, Err(Error::InvalidCount(n)) if n == too_many));
     assert_eq!(latch.count().await.unwrap(), 0, "nothing was written");
 
     let redis = locks.redis();

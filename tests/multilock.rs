@@ -107,12 +107,14 @@ async fn a_busy_member_leaves_nothing_held() {
         assert!(all.try_lock().await.unwrap().is_none(), "{mode:?}");
         let timed = all.lock_timeout(Duration::from_millis(200)).await.unwrap();
         assert!(timed.is_none(), "{mode:?}");
+        // The members taken before were given back: their releases were sent at once.
         for member in all.members().iter().filter(|m| m.name() != last) {
             let name = member.name();
-            assert!(
-                !is_held(&other, name).await,
-                "{mode:?}: {name} was given back"
-            );
+            eventually_async(&format!("{mode:?}: {name} is given back"), || {
+                let other = other.clone();
+                async move { !is_held(&other, name).await }
+            })
+            .await;
         }
 
         // Once the blocker goes, a waiting acquisition gets every member.
@@ -206,7 +208,7 @@ async fn a_cancelled_acquisition_releases_what_it_took() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_one_member_is_reported() {
     in_both_modes("multi-lost", |mode, locks, other| async move {
-        let lease = Lease::watchdog(Duration::from_secs(3));
+        let lease = Lease::watchdog(Duration::from_secs(10));
         let both = MultiLock::new([
             locks.mutex("s").unwrap().with_lease(lease).unwrap(),
             locks.mutex("t").unwrap().with_lease(lease).unwrap(),

@@ -9,14 +9,17 @@
 -- client that waits on the latch (src/notify/event.rs); a client that left meanwhile misses
 -- nothing (its inbox is gone, or nobody listens).
 --
+-- FL_LATCH_MAX                  the largest count (2^53 - 1: a Lua number holds it exactly)
 -- fl_latch_count(latch, value)  -> the count held in value (GET's reply, not false); raises
 --                                 WRONGTYPE when value is not a count fredlock wrote
 -- fl_latch_open(latch, waiting, events, mode, lock_id) -> deletes the latch and its set of
 --                                 waiting clients (`waiting`, SMEMBERS read before any write)
 --                                 and wakes each of them
+local FL_LATCH_MAX = 9007199254740991
+
 local function fl_latch_count(latch, value)
   local count = string.find(value, '^[1-9]%d*$') and tonumber(value)
-  if not count then
+  if not count or count > FL_LATCH_MAX then
     error('WRONGTYPE fredlock key ' .. latch .. ' holds a foreign string')
   end
   return count

@@ -40,8 +40,14 @@ use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 ///
 /// **Failures.** A waiting call retries a look that failed transiently (a timeout, a lost
 /// connection, a failover) for [`Config::transient_retry`](crate::Config::transient_retry), as
-/// a lock's acquisition does. A count-down is not retried: it is not idempotent, so one whose
-/// reply was lost (an error) may or may not have been applied; [`count`](Self::count) tells.
+/// a lock's acquisition does (not past its deadline). A count-down is not retried: it is not
+/// idempotent, so one whose reply was lost (an error) may or may not have been applied
+/// ([`count`](Self::count) tells, as long as nobody else counts down meanwhile).
+///
+/// **Setting it again.** A latch set again right after it opened (a new round) may hold back
+/// a task that was woken by the opening but had not looked again yet: it sees the new count
+/// and waits for that round, as in Redisson. Use a new name per round when every waiter must
+/// see every opening.
 ///
 /// **Cancellation.** Dropping a pending [`wait`](Self::wait) leaves nothing behind but its
 /// client's inbox tag in the latch's set of waiting clients, which the opening drops.
@@ -68,16 +74,20 @@ impl CountDownLatch {
         Ok(CountDownLatch { engine, keys })
     }
 
+    /// The largest count, 2^53 − 1 (the scripts count in Lua numbers, exact up to it).
+    pub const MAX_COUNT: u64 = (1 << 53) - 1;
+
     /// The latch's name.
     pub fn name(&self) -> &str {
         self.keys.name()
     }
 
     /// Gives the latch `count` if it is open (it has no count): `true` when this call set it,
-    /// `false` when it has a count already (left as it is). A `count` of 0 is refused with
-    /// [`Error::InvalidCount`] before any Redis call.
+    /// `false` when it has a count already (left as it is). A `count` of 0 or above
+    /// [`CountDownLatch::MAX_COUNT`] is refused with [`Error::InvalidCount`] before any Redis
+    /// call.
     pub async fn try_set_count(&self, count: u64) -> Result<bool> {
-        if count == 0 {
+        if count == 0 || count > Self::MAX_COUNT {
             return Err(Error::InvalidCount(count));
         }
         let script = &SCRIPTS.latch_set;
@@ -89,7 +99,8 @@ impl CountDownLatch {
     }
 
     /// Counts the latch down by one and returns what is left: 0 when this call opened it (and
-    /// woke every waiting task) or when it was open already.
+    /// woke every waiting task), or when it was open already: never set, opened, or deleted
+    /// (then nothing changes, as in Redisson; count down only once the count is set).
     pub async fn count_down(&self) -> Result<u64> {
         let script = &SCRIPTS.latch_count_down;
         let args = ScriptArgs::no_call().events(self.engine.ctx.event_args(&self.keys));
@@ -134,10 +145,14 @@ impl CountDownLatch {
     async fn wait_until(&self, deadline: Option<Instant>) -> Result<bool> {
         let ctx = &self.engine.ctx;
         ctx.check_open()?;
+        if deadline.is_some_and(|deadline| deadline <= Instant::now()) {
+            // No wait: a look that only reads.
+            return Ok(self.count().await? == 0);
+        }
         let registration = self.engine.waiters.register(self.keys.id(), None, None);
         let recheck = ctx.config.watchdog_lease;
         loop {
-            if self.look().await? == 0 {
+            if self.look(deadline).await? == 0 {
                 tracing::debug!(latch = self.name(), "latch open");
                 return Ok(true);
             }
@@ -161,8 +176,8 @@ impl CountDownLatch {
 
     /// One look on behalf of a waiting task (`latch_wait`): the count, with this client
     /// registered to hear of the opening. A transient failure is retried for
-    /// `Config::transient_retry` (the look is idempotent).
-    async fn look(&self) -> Result<u64> {
+    /// `Config::transient_retry` (the look is idempotent), and not past `deadline`.
+    async fn look(&self, deadline: Option<Instant>) -> Result<u64> {
         let ctx = &self.engine.ctx;
         let script = &SCRIPTS.latch_wait;
         let mut failing_since = None;
@@ -172,7 +187,8 @@ impl CountDownLatch {
             match self.count_reply(script, Key::Queue, args).await {
                 Err(error) if error.is_retryable() => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() + pause > ctx.config.transient_retry {
+                    let past_deadline = deadline.is_some_and(|at| Instant::now() + pause > at);
+                    if since.elapsed() + pause > ctx.config.transient_retry || past_deadline {
                         return Err(error);
                     }
                     tracing::debug!(latch = self.name(), %error, "latch look failed; retrying");

@@ -118,7 +118,8 @@ impl From<FairMutex> for MultiMember {
 /// acquisition releases everything and starts over).
 ///
 /// **All or nothing.** When a member cannot be had (a `try_lock` that finds it held, a timeout,
-/// an error), the members already taken are released before the call returns, so a failed
+/// an error), the guards of the members already taken are dropped before the call returns,
+/// which sends their releases at once (without waiting for their replies), so a failed
 /// acquisition leaves nothing held.
 ///
 /// **Cancellation.** Dropping a pending acquisition drops the guards of the members it took,
@@ -155,7 +156,9 @@ pub struct MultiLock {
 impl MultiLock {
     /// A multi-lock over `members`, in any order. Fails with [`Error::InvalidMultiLock`] when
     /// there is none, or when one lock comes twice (an acquisition would wait for its own
-    /// hold; both sides of one [`RwLock`] count as one lock).
+    /// hold; both sides of one [`RwLock`] count as one lock). Locks are told apart by their
+    /// key: members on different Redis deployments that share a key prefix and a name count
+    /// as one lock (give the deployments different prefixes).
     pub fn new<I>(members: I) -> Result<MultiLock>
     where
         I: IntoIterator,
@@ -214,25 +217,30 @@ impl MultiLock {
                 match member.take(wait.left()).await {
                     Ok(Some(guard)) => guards.push(guard),
                     Ok(None) => {
-                        give_back(guards).await;
+                        give_back(guards);
                         return Ok(None);
                     }
                     Err(error) => {
-                        give_back(guards).await;
+                        give_back(guards);
                         return Err(error);
                     }
                 }
             }
-            let Some(lost) = guards.iter().find(|guard| guard.lost_cause().is_some()) else {
+            // A member's hold ended while later ones were awaited: lost, or past its lease
+            // (a fixed lease the watchdog has not looked at yet).
+            let now = Instant::now();
+            let ended =
+                |guard: &&LockGuard| guard.lost_cause().is_some() || guard.lease_deadline() <= now;
+            let Some(lost) = guards.iter().find(ended) else {
                 tracing::debug!(members = guards.len(), "multi-lock acquired");
                 return Ok(Some(MultiLockGuard { guards }));
             };
             tracing::debug!(
                 lock = lost.name(),
                 cause = ?lost.lost_cause(),
-                "a multi-lock member was lost while later ones were awaited; starting over"
+                "a multi-lock member's hold ended while later ones were awaited; starting over"
             );
-            give_back(guards).await;
+            give_back(guards);
             if wait.is_over() {
                 return Ok(None);
             }
@@ -262,17 +270,19 @@ impl Wait {
     }
 }
 
-/// Releases the members an acquisition took before it gave up. A release that fails leaves
-/// that member to its lease (or it had ended already); the caller's outcome is the reason it
-/// gave up.
-async fn give_back(guards: Vec<LockGuard>) {
-    if let Err(error) = release_all(guards).await {
-        tracing::warn!(%error, "could not release a member of a failed multi-lock acquisition");
+/// Gives back the members an acquisition took before it gave up: their guards are dropped,
+/// which hands each release to the client's release worker at once (see [`LockGuard`]), last
+/// taken first. Not awaited: a caller's deadline is not stretched by releases that retry, and
+/// a cancelled caller cannot leave a member held.
+fn give_back(guards: Vec<LockGuard>) {
+    for guard in guards.into_iter().rev() {
+        tracing::trace!(lock = guard.name(), "multi-lock member given back");
+        drop(guard);
     }
 }
 
-/// Releases `guards` last taken first and returns the first error. A cancelled release leaves
-/// the guards not yet released to their `Drop`, which releases them too.
+/// Releases `guards` last taken first and returns the first error; run in a task of its own
+/// by [`MultiLockGuard::unlock`].
 async fn release_all(guards: Vec<LockGuard>) -> Result<()> {
     let mut first_error = None;
     for guard in guards.into_iter().rev() {
@@ -305,8 +315,8 @@ impl MultiLockGuard {
     }
 
     /// Resolves with the cause as soon as any member's hold can no longer be guaranteed
-    /// (see [`LockGuard::lost`]); [`guards`](Self::guards) tells which. Does not borrow the
-    /// guard.
+    /// (see [`LockGuard::lost`]): the cause of whichever member's signal fires first;
+    /// [`guards`](Self::guards) tells which. Does not borrow the guard.
     pub fn lost(&self) -> impl Future<Output = LostCause> + Send + 'static {
         type Lost = Pin<Box<dyn Future<Output = LostCause> + Send>>;
         let mut members: Vec<Lost> = self
@@ -346,9 +356,16 @@ impl MultiLockGuard {
     }
 
     /// Releases every member, last taken first, and returns the first error (see
-    /// [`LockGuard::unlock`]); every member is released also after a failure.
+    /// [`LockGuard::unlock`]); every member is released also after a failure, and also when
+    /// the caller stops waiting for this call.
     pub async fn unlock(self) -> Result<()> {
-        release_all(self.guards).await
+        // In a task of its own: a caller that stops waiting does not stop the releases.
+        match tokio::spawn(release_all(self.guards)).await {
+            Ok(outcome) => outcome,
+            // The runtime is shutting down: the guards not released yet were dropped with the
+            // task, which hands their releases to the release worker.
+            Err(_) => Err(Error::Shutdown),
+        }
     }
 }
 
