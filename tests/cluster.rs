@@ -7,7 +7,7 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use fredlock::{Config, Error, Lease, LockClient, Mutex, NotificationMode};
+use fredlock::{Config, Error, Lease, LockClient, MultiLock, Mutex, NotificationMode};
 use support::cluster::RedisCluster;
 use support::{init_tracing, MODES};
 
@@ -94,6 +94,37 @@ async fn every_lock_type_works_on_every_master() {
                 .unwrap()
                 .unwrap()
                 .unwrap();
+            // A count-down latch opened by one client wakes a task of the other (its event
+            // goes into the waiting client's inbox on the latch's own master).
+            let latch = holder.count_down_latch(&name).unwrap();
+            assert!(latch.try_set_count(1).await.unwrap());
+            let waiting = waiter.count_down_latch(&name).unwrap();
+            let opened = tokio::spawn(async move { waiting.wait().await });
+            while waiter.stats().waiting == 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(latch.count_down().await.unwrap(), 0);
+            tokio::time::timeout(HANG, opened)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+        }
+        // A multi-lock over locks on different masters: every member held, then all released.
+        let names: Vec<String> = (0..12).map(|i| format!("lock-{i}")).collect();
+        let members = names.iter().map(|name| holder.mutex(name).unwrap());
+        let all = MultiLock::new(members).unwrap();
+        let guard = tokio::time::timeout(HANG, all.lock())
+            .await
+            .unwrap()
+            .unwrap();
+        for name in &names {
+            let other = waiter.mutex(name).unwrap();
+            assert!(other.try_lock().await.unwrap().is_none(), "{mode:?} {name}");
+        }
+        guard.unlock().await.unwrap();
+        for name in &names {
+            assert!(!waiter.mutex(name).unwrap().is_locked().await.unwrap());
         }
         assert_eq!(
             masters_with_keys(&cluster, &prefix).len(),
