@@ -27,6 +27,7 @@ use tracing::Instrument;
 use super::cohort;
 use super::release::{take_parked, wake_local_waiters};
 use super::{Attempt, Driver, DriverHold, Successor};
+use crate::config::{check_duration, MAX_DURATION};
 use crate::context::BoxFuture;
 use crate::error::{Backoff, Error, Result};
 use crate::lease::{renew_holds, Lease};
@@ -45,6 +46,31 @@ pub(crate) enum Patience {
 }
 
 impl Patience {
+    /// The patience of a call given `timeout`: one attempt for zero, else until `timeout`
+    /// from now (at most [`MAX_DURATION`]). Fails for a duration out of range.
+    pub(crate) fn within(timeout: Duration) -> Result<Patience> {
+        if timeout.is_zero() {
+            return Ok(Patience::None);
+        }
+        check_duration("timeout", timeout, Duration::from_nanos(1))?;
+        Ok(Patience::Until(Instant::now() + timeout.min(MAX_DURATION)))
+    }
+
+    /// What one step of a wait made of several (a member of a multi-lock) may wait: None
+    /// forever, `Some(ZERO)` one attempt (also once the deadline passed).
+    pub(crate) fn left(self) -> Option<Duration> {
+        match self {
+            Patience::None => Some(Duration::ZERO),
+            Patience::Forever => None,
+            Patience::Until(deadline) => Some(deadline.saturating_duration_since(Instant::now())),
+        }
+    }
+
+    /// Whether no more waiting is allowed: a try, or a deadline that passed.
+    pub(crate) fn is_over(self) -> bool {
+        self.left() == Some(Duration::ZERO)
+    }
+
     /// How long to wait for at most `bound`: None when the deadline has passed.
     pub(crate) fn wait_limit(self, bound: Duration) -> Option<Duration> {
         match self {
@@ -566,14 +592,14 @@ async fn attempt(
 /// growing pauses ([`Backoff`]), for at most [`crate::Config::transient_retry`] since the first
 /// failure in a row, never past the caller's deadline, never for `try_lock`.
 #[derive(Default)]
-struct TransientRetry {
+pub(crate) struct TransientRetry {
     failing_since: Option<Instant>,
     backoff: Backoff,
 }
 
 impl TransientRetry {
     /// The pause before the next retry, or None when `error` must be returned.
-    fn pause_after(
+    pub(crate) fn pause_after(
         &mut self,
         error: &Error,
         window: Duration,

@@ -47,7 +47,7 @@ use crate::owner::{op_id, Owner};
 use crate::queue::{run_heartbeat, QueuedWaiters, RedisQueue};
 use crate::watch::run_watch;
 
-pub(crate) use acquire::{acquire, Finish, Patience};
+pub(crate) use acquire::{acquire, Finish, Patience, TransientRetry};
 
 /// Acquire attempts one client has in flight at once; further attempts wait locally, in FIFO
 /// order, for a slot. All of them share one connection, so a deeper pipeline would not be

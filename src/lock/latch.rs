@@ -14,13 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::types::Value;
-use tokio::time::Instant;
 
-use crate::config::{check_duration, MAX_DURATION};
-use crate::engine::Engine;
+use crate::engine::{Engine, Patience, TransientRetry};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
-use crate::lock::{flag_reply, run_call};
+use crate::lock::{flag_reply, run_call, unexpected};
 use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// A distributed count-down latch (Redisson's `RCountDownLatch`), made by
@@ -128,40 +126,31 @@ impl CountDownLatch {
 
     /// Waits until the latch is open.
     pub async fn wait(&self) -> Result<()> {
-        self.wait_until(None).await.map(|_| ())
+        self.wait_with(Patience::Forever).await.map(|_| ())
     }
 
     /// Waits at most `timeout` for the latch to open: `true` when it is open.
     pub async fn wait_timeout(&self, timeout: Duration) -> Result<bool> {
-        if !timeout.is_zero() {
-            check_duration("timeout", timeout, Duration::from_nanos(1))?;
-        }
-        self.wait_until(Some(Instant::now() + timeout.min(MAX_DURATION)))
-            .await
+        self.wait_with(Patience::within(timeout)?).await
     }
 
     /// Registers, then looks (the order that loses no wake-up: an opening after the look finds
     /// the registration), then waits for a wake-up, the safety-net bound or the deadline.
-    async fn wait_until(&self, deadline: Option<Instant>) -> Result<bool> {
+    async fn wait_with(&self, patience: Patience) -> Result<bool> {
         let ctx = &self.engine.ctx;
         ctx.check_open()?;
-        if deadline.is_some_and(|deadline| deadline <= Instant::now()) {
+        if patience.is_over() {
             // No wait: a look that only reads.
             return Ok(self.count().await? == 0);
         }
         let registration = self.engine.waiters.register(self.keys.id(), None, None);
-        let recheck = ctx.config.watchdog_lease;
         loop {
-            if self.look(deadline).await? == 0 {
+            if self.look(patience).await? == 0 {
                 tracing::debug!(latch = self.name(), "latch open");
                 return Ok(true);
             }
-            let limit = match deadline {
-                None => recheck,
-                Some(deadline) => match deadline.checked_duration_since(Instant::now()) {
-                    Some(left) if !left.is_zero() => left.min(recheck),
-                    _ => return Ok(false),
-                },
+            let Some(limit) = patience.wait_limit(ctx.config.watchdog_lease) else {
+                return Ok(false);
             };
             tracing::trace!(
                 latch = self.name(),
@@ -175,25 +164,24 @@ impl CountDownLatch {
     }
 
     /// One look on behalf of a waiting task (`latch_wait`): the count, with this client
-    /// registered to hear of the opening. A transient failure is retried for
-    /// `Config::transient_retry` (the look is idempotent), and not past `deadline`.
-    async fn look(&self, deadline: Option<Instant>) -> Result<u64> {
+    /// registered to hear of the opening. A transient failure is retried as an acquisition's
+    /// attempt is (the look is idempotent).
+    async fn look(&self, patience: Patience) -> Result<u64> {
         let ctx = &self.engine.ctx;
-        let script = &SCRIPTS.latch_wait;
-        let mut failing_since = None;
-        let mut pause = Duration::from_millis(20);
+        let mut retry = TransientRetry::default();
         loop {
             let args = ScriptArgs::own([ctx.inbox_tag.as_ref().into()]);
-            match self.count_reply(script, Key::Queue, args).await {
-                Err(error) if error.is_retryable() => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    let past_deadline = deadline.is_some_and(|at| Instant::now() + pause > at);
-                    if since.elapsed() + pause > ctx.config.transient_retry || past_deadline {
+            match self
+                .count_reply(&SCRIPTS.latch_wait, Key::Queue, args)
+                .await
+            {
+                Err(error) => {
+                    let window = ctx.config.transient_retry;
+                    let Some(pause) = retry.pause_after(&error, window, patience) else {
                         return Err(error);
-                    }
+                    };
                     tracing::debug!(latch = self.name(), %error, "latch look failed; retrying");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
                     ctx.check_open()?;
                 }
                 outcome => return outcome,
@@ -210,10 +198,7 @@ impl CountDownLatch {
     async fn count_reply(&self, script: &Script, last: Key, args: ScriptArgs) -> Result<u64> {
         match self.call(script, last, args).await?[..] {
             [count] if count >= 0 => Ok(count as u64),
-            ref reply => Err(Error::Protocol {
-                script: script.name(),
-                detail: format!("unexpected reply {reply:?}"),
-            }),
+            ref reply => Err(unexpected(script, reply)),
         }
     }
 }

@@ -20,9 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::types::Value;
-use tokio::time::Instant;
 
-use crate::config::{check_duration, MAX_DURATION};
+use crate::config::MAX_DURATION;
 use crate::context::{BoxFuture, Context};
 use crate::engine::{acquire, Attempt, Driver, DriverHold, Engine, Patience, Released, Successor};
 use crate::error::{Error, NotHeldReason, Result};
@@ -104,12 +103,7 @@ impl<D: Driver> Acquirer<D> {
 
     /// `Duration::ZERO` means one attempt without waiting.
     pub(crate) async fn wait_for(&self, timeout: Duration) -> Result<Option<LockGuard>> {
-        let patience = if timeout.is_zero() {
-            Patience::None
-        } else {
-            check_duration("timeout", timeout, Duration::from_nanos(1))?;
-            Patience::Until(Instant::now() + timeout.min(MAX_DURATION))
-        };
+        let patience = Patience::within(timeout)?;
         let hold = self.acquire(patience).await?;
         Ok(hold.map(|hold| self.guard(hold)))
     }
@@ -139,7 +133,8 @@ pub(crate) async fn run_ints(
     int_array(script.name(), reply)
 }
 
-fn unexpected(script: &Script, reply: &[i64]) -> Error {
+/// The error for a script reply that is not one of the script's documented replies.
+pub(crate) fn unexpected(script: &Script, reply: &[i64]) -> Error {
     Error::Protocol {
         script: script.name(),
         detail: format!("unexpected reply {reply:?}"),

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::config::{check_duration, MAX_DURATION};
+use crate::engine::Patience;
 use crate::error::{Error, Result};
 use crate::lease::LostCause;
 use crate::lock::guard::LockGuard;
@@ -188,33 +188,30 @@ impl MultiLock {
     /// Waits until every member is held.
     pub async fn lock(&self) -> Result<MultiLockGuard> {
         // Without a deadline a member is had or fails; `None` cannot come back.
-        self.acquire(Wait::Forever).await?.ok_or(Error::Shutdown)
+        self.acquire(Patience::Forever)
+            .await?
+            .ok_or(Error::Shutdown)
     }
 
     /// Takes every member if each one is free now; `Ok(None)`, with nothing held, otherwise.
     /// No member is waited for.
     pub async fn try_lock(&self) -> Result<Option<MultiLockGuard>> {
-        self.acquire(Wait::Until(Instant::now())).await
+        self.acquire(Patience::None).await
     }
 
     /// Waits at most `timeout` for all the members together: `Ok(None)`, with nothing held,
     /// when it passed first.
     pub async fn lock_timeout(&self, timeout: Duration) -> Result<Option<MultiLockGuard>> {
-        if timeout.is_zero() {
-            return self.try_lock().await;
-        }
-        check_duration("timeout", timeout, Duration::from_nanos(1))?;
-        self.acquire(Wait::Until(Instant::now() + timeout.min(MAX_DURATION)))
-            .await
+        self.acquire(Patience::within(timeout)?).await
     }
 
     /// One round over the members in order, repeated while a member's hold ends before the
     /// last member is taken. `None`: a member was not had in time (nothing is held then).
-    async fn acquire(&self, wait: Wait) -> Result<Option<MultiLockGuard>> {
+    async fn acquire(&self, patience: Patience) -> Result<Option<MultiLockGuard>> {
         loop {
             let mut guards = Vec::with_capacity(self.members.len());
             for member in &self.members {
-                match member.take(wait.left()).await {
+                match member.take(patience.left()).await {
                     Ok(Some(guard)) => guards.push(guard),
                     Ok(None) => {
                         give_back(guards);
@@ -241,32 +238,10 @@ impl MultiLock {
                 "a multi-lock member's hold ended while later ones were awaited; starting over"
             );
             give_back(guards);
-            if wait.is_over() {
+            if patience.is_over() {
                 return Ok(None);
             }
         }
-    }
-}
-
-/// How long an acquisition of a multi-lock may wait, for all its members together.
-#[derive(Clone, Copy, Debug)]
-enum Wait {
-    Forever,
-    /// `Until(now)` is a try: each member gets one attempt without waiting.
-    Until(Instant),
-}
-
-impl Wait {
-    /// What a member may wait: `None` forever, `Some(ZERO)` one attempt.
-    fn left(self) -> Option<Duration> {
-        match self {
-            Wait::Forever => None,
-            Wait::Until(deadline) => Some(deadline.saturating_duration_since(Instant::now())),
-        }
-    }
-
-    fn is_over(self) -> bool {
-        matches!(self, Wait::Until(deadline) if Instant::now() >= deadline)
     }
 }
 

@@ -75,8 +75,9 @@ impl WakeRule {
             "grant" => Self::parse_grant(target),
             "grants" => Self::parse_grants(target),
             "held" => WakeRule::QueuedBehind(target.parse().ok()),
-            // "all": a count-down latch opened (`lua/lib/latch.lua`); and any rule this
-            // version does not know.
+            // A count-down latch opened (`lua/lib/latch.lua`).
+            "all" => WakeRule::All,
+            // A rule this version does not know: wake everybody, who then look.
             _ => WakeRule::All,
         }
     }
