@@ -29,7 +29,12 @@
 --                  behind it tells the caller's client (event "0|held|<token>|<lock id>" into
 --                  its inbox; field i, as in lib/hold.lua), which may then defer the hold's
 --                  release for a task of its own; "": no such event
--- ARGV[13] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
+-- ARGV[13] permits  "" on a read-write lock; on a semaphore (read side only), its permit
+--                  count n >= 1: a read hold then needs fewer than n live read holds and nobody
+--                  queued (field n of lib/rw.lua). A semaphore that has holds or waiters under
+--                  another count refuses the call (FLPERMITS error, no change); one without
+--                  takes this count
+-- ARGV[14] fence   the fence argument "<0|1><layout>" (lib/fence.lua)
 --
 -- Returns {1, fencing token, hold count} when acquired or re-entered (every new read hold
 --           draws its own token, as a write hold does; a downgrade carries the write's),
@@ -39,6 +44,8 @@
 --           holds, which it looks again after (event or not), and the lock's f (a grant read
 --           later with a token not above it was made before this reply),
 --         {-2} when the owner holds a read hold and asked for a write hold,
+--         a "FLPERMITS <count>" error (and no change) when a semaphore with holds or waiters
+--           has another permit count,
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
 --         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold or the fence
 --         key holds a foreign value.
@@ -46,7 +53,7 @@ local hold, fence, events = KEYS[1], KEYS[3], KEYS[4]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
 local side, inbox, window, notice = ARGV[9], ARGV[10], tonumber(ARGV[11]), ARGV[12]
-local fence_arg = ARGV[13]
+local permits, fence_arg = tonumber(ARGV[13]), ARGV[14]
 
 local fields = fl_rw_read(hold)
 local now_us = fl_now_us()
@@ -58,6 +65,16 @@ local writing = side == 'write'
 -- its head is granted the lock once no read hold is left, readers at its head a read hold
 -- each), unless this acquisition is the writer at its head. It then looks again.
 local q, queue_writer = fl_rw_live(fields[7], now_ms)
+
+-- A semaphore's permit count: every user must give the same while it is in use.
+if permits and state.cap ~= permits then
+  if state.cap and (state.readers > 0 or q ~= '') then
+    return redis.error_reply(string.format('FLPERMITS %d', state.cap))
+  end
+  redis.call('HSET', hold, 'n', string.format('%d', permits))
+  state.cap = permits
+end
+
 if not state.writer and q ~= '' then
   local reader_head = string.byte(q, 1) == 114
   local own_head = fl_rw_find(q, waiter) == 1
@@ -123,6 +140,8 @@ local takes
 if writing then
   takes = not state.writer and state.readers == 0 and (queue == '' or
     fl_rw_find(q, waiter) == 1)
+elseif state.cap then
+  takes = state.readers < state.cap and queue == ''
 else
   takes = not state.writer and not queue_writer
 end
@@ -175,7 +194,9 @@ if queue ~= q or state.changed then
   end
   fl_rw_keep(hold, state, now_ms, window)
 end
-local bound = fl_rw_last(state) - now_ms
+-- It looks again (event or not) once the lock may be free for it: when the last hold ends, or
+-- on a semaphore the first.
+local bound = (state.cap and state.first or fl_rw_last(state)) - now_ms
 if bound < 1 then
   bound = math.max(waiter_lease, 1000)
 end

@@ -37,6 +37,7 @@ use crate::lock::latch::CountDownLatch;
 use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::redlock::Redlock;
 use crate::lock::rwlock::RwLock;
+use crate::lock::semaphore::Semaphore;
 use crate::notify::{hang_up, pubsub, stream, Reader, WaiterTable};
 
 /// A `maxmemory-policy` of the `allkeys-*` family lets Redis evict any key under memory
@@ -296,6 +297,12 @@ impl LockClient {
     /// A read-write lock handle (see [`RwLock`]). Validates the name; no Redis call.
     pub fn rwlock(&self, name: &str) -> Result<RwLock> {
         RwLock::new(self.engine.clone(), name)
+    }
+
+    /// A semaphore handle with `permits` permits (see [`Semaphore`]); every user of one name
+    /// must give the same count. Validates the name and the count; no Redis call.
+    pub fn semaphore(&self, name: &str, permits: u32) -> Result<Semaphore> {
+        Semaphore::new(self.engine.clone(), name, permits)
     }
 
     /// A count-down latch handle (see [`CountDownLatch`]). Validates the name; no Redis call.

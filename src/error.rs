@@ -104,6 +104,22 @@ pub enum Error {
     /// closed until it reaches 0; set no count to leave it open).
     #[error("invalid latch count {0}: it must be at least 1")]
     InvalidCount(u64),
+    /// A [`Semaphore`](crate::Semaphore) permit count of 0 or above
+    /// [`Semaphore::MAX_PERMITS`](crate::Semaphore::MAX_PERMITS).
+    #[error("invalid permit count {0}: it must be 1 to {max}", max = crate::Semaphore::MAX_PERMITS)]
+    InvalidPermits(u64),
+    /// A [`Semaphore`](crate::Semaphore) in use (permits held or waiters queued) has another
+    /// permit count than this handle: every user of a semaphore must give the same count.
+    /// Nothing was changed.
+    #[error("semaphore {name:?} is in use with {stored} permits, this handle has {asked}")]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The count its permits are held under.
+        stored: u32,
+        /// This handle's count.
+        asked: u32,
+    },
     /// A [`MultiLock`](crate::MultiLock) was given no lock, or the same lock twice (an
     /// acquisition would wait for its own hold).
     #[error("invalid multi-lock: {0}")]

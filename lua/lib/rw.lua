@@ -22,6 +22,11 @@
 --      waiter, as in lib/hold.lua (rw_acquire.lua, ARGV[12]): a writer's take sets it, a grant
 --      to a writer clears it, a write hand-over gives it to the successor's client, and the
 --      call that queues the first waiter behind a live write hold sends the notice and clears it
+--   n  the permit count of a semaphore (src/lock/semaphore.rs), which is this lock's read side
+--      with at most n read holds at once and no writer (every acquisition has an owner of its
+--      own, so one read line is one permit): a grant then stops at n live read holds, and
+--      waiters queue once n are held. Set by rw_acquire.lua (ARGV[13]); absent on a read-write
+--      lock, which has no bound
 --   q  the wait queue as text, one line per waiter: "<waiter id> <inbox tag> <owner id>
 --      <lease ms> <grant ms> <alive until ms>\n" (the fields of a member of lib/hold.lua's
 --      queue, then the time below). Unlike the exclusive locks, the read-write lock keeps its
@@ -47,15 +52,17 @@
 -- fl_rw_without(q, waiter)           -> q without the waiter's line, and whether it was there
 -- fl_rw_queued(q)                    -> how many waiters q holds, estimated from the length of
 --                                       its first line (0 when empty, else at least 1)
--- fl_rw_read(hold)                   -> the fields {o, c, f, l, r, x, q, g, e, s} (one HMGET: a
---                                       typed read), with o = false when "" or lapsed is not
+-- fl_rw_read(hold)                   -> the fields {o, c, f, l, r, x, q, g, e, s, n} (one HMGET:
+--                                       a typed read), with o = false when "" or lapsed is not
 --                                       known yet (see fl_rw_state)
 -- fl_rw_state(fields, now_ms, owner) -> the live state: {writer (owner id or false), ends (the
 --                                       write hold's end, 0 without), mine (owner's read line:
 --                                       {count, token, ends, op, waiter} or nil), others (the
 --                                       live lines of the other owners, as text), last (their
---                                       latest end, 0 if none), readers (live read holds, mine
---                                       included), changed (a lapsed hold was dropped)}
+--                                       latest end, 0 if none), first (the earliest end of a
+--                                       live read hold, mine included, 0 if none), readers (live
+--                                       read holds, mine included), cap (n, or nil), changed (a
+--                                       lapsed hold was dropped)}
 -- fl_rw_line(owner, count, token, ends, op, waiter) -> one line of s
 -- fl_rw_readers(state)              -> s as it is to be written: the others' lines and mine
 -- fl_rw_last(state)                 -> the latest end of every hold in state (ms)
@@ -77,7 +84,8 @@
 --   the queue left, which it wrote (with x) when it changed. state.f is then the lock's f.
 --   Grants from the head of q, dropping waiters whose client is gone on the way (their time
 --   passed, or fl_emit_to finds nobody there):
---   the first writer when no read hold is left, or every reader up to the first writer (a
+--   the first writer when no read hold is left, or every reader up to the first writer, and
+--   on a semaphore (state.cap) no more than leaves cap read holds live (a
 --   writer passed over because its client is gone has used up the token it was drawn). Called
 --   only when no write hold is live (a lapsed or released one's fields are cleared with the
 --   grant). Writes the hash (q left, plus `tail`, a line to queue behind: a take-over's), the
@@ -112,7 +120,7 @@ local function fl_rw_queued(q)
 end
 
 local function fl_rw_read(hold)
-  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 'e', 's')
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 'e', 's', 'n')
   if v[1] == '' then
     v[1] = false
   end
@@ -120,8 +128,8 @@ local function fl_rw_read(hold)
 end
 
 local function fl_rw_state(fields, now_ms, owner)
-  local state = {owner = owner, writer = false, ends = 0, others = '', last = 0, readers = 0,
-    changed = false}
+  local state = {owner = owner, writer = false, ends = 0, others = '', last = 0, first = 0,
+    readers = 0, cap = tonumber(fields[11]), changed = false}
   if fields[1] then
     local ends = tonumber(fields[9]) or 0
     if ends > now_ms then
@@ -138,6 +146,9 @@ local function fl_rw_state(fields, now_ms, owner)
   for line, who, count, token, ends, op, waiter in
       string.gmatch(s, '((%S+) (%d+) (%d+) (%d+) (%S+) (%S+)\n)') do
     ends = tonumber(ends)
+    if ends > now_ms and (state.first == 0 or ends < state.first) then
+      state.first = ends
+    end
     if ends <= now_ms then
       state.changed = true
     elseif who == owner then
@@ -227,6 +238,9 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     if waiter and tonumber(alive) <= now_ms then
       -- Its client stopped vouching for it: dropped.
       at = stop + 1
+    elseif waiter and state.cap and readers + #wave >= state.cap then
+      -- A semaphore with every permit held: the rest waits for the next release.
+      break
     elseif waiter and string.byte(waiter, 1) == 114 then
       -- A reader: granted a read hold with the others of the wave.
       at = stop + 1
@@ -326,10 +340,14 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     state.readers = state.readers - #wave + #kept
     redis.call('HSET', hold, 's', fl_rw_readers(state))
     fl_rw_keep(hold, state, now_ms, window)
-    if #kept == 0 and state.readers == 0 then
-      -- Nobody of the wave was there: the next in line.
-      return fl_rw_grant(hold, state.f, left, state, now_us, x, events, mode, lock_id, nil,
-        window)
+    if (#kept == 0 and state.readers == 0) or (state.cap and state.readers < state.cap) then
+      -- Nobody of the wave was there, or a semaphore's permits are left: the next in line.
+      local granted, rest = fl_rw_grant(hold, state.f, left, state, now_us, x, events, mode,
+        lock_id, nil, window)
+      if granted or #kept == 0 then
+        return granted, rest
+      end
+      return 'r', rest
     end
   end
   return 'r', left

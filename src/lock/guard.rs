@@ -224,3 +224,7 @@ typed_guard!(
     /// The guard of a write hold on an [`RwLock`](crate::RwLock).
     WriteGuard
 );
+typed_guard!(
+    /// The guard of a permit of a [`Semaphore`](crate::Semaphore).
+    PermitGuard
+);

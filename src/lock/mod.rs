@@ -14,6 +14,7 @@ pub(crate) mod multi;
 pub(crate) mod mutex;
 pub(crate) mod redlock;
 pub(crate) mod rwlock;
+pub(crate) mod semaphore;
 
 use std::future::Future;
 use std::sync::Arc;

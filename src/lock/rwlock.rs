@@ -18,7 +18,7 @@ use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call, run_ints,
-    successor_args, Acquirer,
+    successor_args, unexpected, Acquirer,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::{op_id, Owner};
@@ -80,7 +80,7 @@ pub struct RwLockState {
 impl RwLock {
     pub(crate) fn new(engine: Arc<Engine>, name: &str) -> Result<RwLock> {
         let keys = engine.ctx.keyspace.lock("rw", name)?;
-        let driver = |mode| Arc::new(RwDriver::new(engine.clone(), keys.clone(), mode));
+        let driver = |mode| Arc::new(RwDriver::new(engine.clone(), keys.clone(), mode, None));
         Ok(RwLock {
             read: Acquirer::new(driver(Mode::Read)),
             write: Acquirer::new(driver(Mode::Write)),
@@ -159,22 +159,7 @@ impl RwLock {
 
     /// A consistent snapshot of the lock (one script call).
     pub async fn state(&self) -> Result<RwLockState> {
-        let driver = self.write.driver.as_ref();
-        let script = &SCRIPTS.rw_inspect;
-        let reply = run_ints(
-            &driver.engine.ctx,
-            script,
-            self.name(),
-            driver.renew_keys(),
-            vec![],
-        )
-        .await?;
-        let [held, count, token, readers, last] = reply[..] else {
-            return Err(Error::Protocol {
-                script: script.name(),
-                detail: format!("unexpected reply {reply:?}"),
-            });
-        };
+        let [held, count, token, readers, last] = self.write.driver.inspect().await?;
         Ok(RwLockState {
             write_locked: held == 1,
             write_hold_count: count.max(0) as u64,
@@ -202,7 +187,7 @@ impl fmt::Debug for RwLock {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Read,
     Write,
 }
@@ -217,16 +202,51 @@ impl Mode {
 }
 
 /// One side (read or write) of a read-write lock: both run the `rw_*` scripts over the lock's
-/// one hash (`lua/lib/rw.lua`).
+/// one hash (`lua/lib/rw.lua`). With a permit count, the read side of a
+/// [`Semaphore`](crate::Semaphore): at most that many read holds at once.
 pub(crate) struct RwDriver {
     engine: Arc<Engine>,
     keys: LockKeys,
     mode: Mode,
+    permits: Option<u32>,
 }
 
 impl RwDriver {
-    fn new(engine: Arc<Engine>, keys: LockKeys, mode: Mode) -> Self {
-        RwDriver { keys, engine, mode }
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        keys: LockKeys,
+        mode: Mode,
+        permits: Option<u32>,
+    ) -> Self {
+        RwDriver {
+            keys,
+            engine,
+            mode,
+            permits,
+        }
+    }
+
+    /// Removes every hold and grants the lock to the queue (the semaphore's force release).
+    pub(crate) async fn release_all(&self) -> Result<bool> {
+        self.force_unlock().await
+    }
+
+    /// A consistent snapshot of the lock (one script call): write held, write hold count,
+    /// write token, live read holds, ms until the last hold ends (-2 when free).
+    pub(crate) async fn inspect(&self) -> Result<[i64; 5]> {
+        let script = &SCRIPTS.rw_inspect;
+        let reply = run_ints(
+            &self.engine.ctx,
+            script,
+            self.keys.name(),
+            self.renew_keys(),
+            vec![],
+        )
+        .await?;
+        match reply[..] {
+            [held, count, token, readers, last] => Ok([held, count, token, readers, last]),
+            _ => Err(unexpected(script, &reply)),
+        }
     }
 
     /// `KEYS[1..=4]` of the `rw_*` scripts that change the lock.
@@ -250,6 +270,28 @@ impl RwDriver {
         // Tasks of this client that wait on a hold of this client hear of it from here.
         self.engine.waiters.dispatch(self.keys.id(), &WakeRule::All);
         Ok(removed)
+    }
+
+    /// A semaphore's `FLPERMITS <count>` refusal (`lua/rw_acquire.lua`) as
+    /// [`Error::PermitsMismatch`]; any other error as it is.
+    fn permits_refusal(&self, err: Error) -> Error {
+        let stored = match (&err, self.permits) {
+            (Error::Redis(source), Some(_)) => source
+                .details()
+                .split("FLPERMITS ")
+                .nth(1)
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|count| count.parse().ok()),
+            _ => None,
+        };
+        match (stored, self.permits) {
+            (Some(stored), Some(asked)) => Error::PermitsMismatch {
+                name: self.keys.name().to_owned(),
+                stored,
+                asked,
+            },
+            _ => err,
+        }
     }
 
     /// `lua/rw_release.lua`, naming `successor` (a write side's take-over) if any.
@@ -339,9 +381,14 @@ impl Driver for RwDriver {
                 // A write hold whose release this client may defer wants to hear of its first
                 // waiter (`lua/rw_acquire.lua`, `ARGV[12]`).
                 if self.defers_releases() { "1" } else { "" }.into(),
+                // A semaphore's permit count (`ARGV[13]`).
+                self.permits
+                    .map_or_else(|| "".into(), |permits| permits.into()),
             ]);
             let script = &SCRIPTS.rw_acquire;
-            let reply = run_call(ctx, &self.keys, script, self.script_keys(), args).await?;
+            let reply = run_call(ctx, &self.keys, script, self.script_keys(), args)
+                .await
+                .map_err(|err| self.permits_refusal(err))?;
             if reply.first() == Some(&-2) {
                 return Err(Error::UpgradeNotSupported(self.keys.name().to_owned()));
             }

@@ -1189,6 +1189,8 @@ impl<'a> Rw<'a> {
                 &inbox_tag,
                 &window,
                 if bid.notice { "1" } else { "" },
+                // No permit count: a read-write lock.
+                "",
                 fence_arg,
             ],
         )
