@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use fred::clients::Client;
-use fred::interfaces::ClientLike;
+use fred::interfaces::{ClientLike, KeysInterface};
 use fred::types::config::{
     Config as FredConfig, ConnectionConfig, PerformanceConfig, ReconnectPolicy,
 };
@@ -32,7 +32,8 @@ use crate::context::Context;
 use crate::engine::{Core, Engine};
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
-use crate::layout::Layout;
+use crate::layout::{recorded_layout, Layout};
+use crate::lock::inspect::{self, LockKind, LockReport};
 use crate::lock::latch::CountDownLatch;
 use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::redlock::Redlock;
@@ -181,6 +182,41 @@ impl LockClient {
         Self::start(command, true, config).await
     }
 
+    /// Connects like [`connect`](LockClient::connect), but with the shard count and the
+    /// notification mode recorded in Redis under `config.key_prefix` by the clients that use
+    /// it, whatever `config` says: for tools that inspect other processes' locks (the
+    /// `fredlock` command). Fails with [`Error::NoLayout`] when nothing is recorded there (no
+    /// client ever used the prefix on this server), without recording anything.
+    pub async fn connect_as_recorded(mut config: Config) -> Result<LockClient> {
+        config.validate()?;
+        let fred_config = FredConfig::from_url(&config.url).map_err(|err| {
+            Error::InvalidConfig(format!("bad url {}: {err}", config.redacted_url()))
+        })?;
+        let (perf, connection, policy) = fred_parts(&config, 32);
+        let command = Client::new(fred_config, Some(perf), Some(connection), Some(policy));
+        init_client(&command, &config).await?;
+        let key = Keyspace::new(&config.key_prefix, 1, command.is_clustered()).layout();
+        let recorded: Result<Option<String>> = command
+            .get(key.as_str())
+            .await
+            .map_err(|err| Error::from_redis(err, "(layout)", &key));
+        let layout = match recorded {
+            Ok(Some(text)) => recorded_layout(&text),
+            Ok(None) => None,
+            Err(err) => {
+                let _ = command.quit().await;
+                return Err(err);
+            }
+        };
+        let Some((shards, notification)) = layout else {
+            let _ = command.quit().await;
+            return Err(Error::NoLayout(config.key_prefix));
+        };
+        config.shards = shards;
+        config.notification = notification;
+        Self::start(command, true, config).await
+    }
+
     /// Uses a fred client the service already has for commands (it must be connected). The
     /// notifier still opens its own connection with the same settings, because a blocking read
     /// must not stall the service's commands. `config.url` is ignored. Shutdown leaves the
@@ -308,6 +344,19 @@ impl LockClient {
     /// A count-down latch handle (see [`CountDownLatch`]). Validates the name; no Redis call.
     pub fn count_down_latch(&self, name: &str) -> Result<CountDownLatch> {
         CountDownLatch::new(self.engine.clone(), name)
+    }
+
+    /// One lock's holders and waiters, read in one atomic call without changing anything
+    /// (see [`LockReport`]).
+    pub async fn inspect(&self, kind: LockKind, name: &str) -> Result<LockReport> {
+        inspect::inspect(&self.engine, kind, name).await
+    }
+
+    /// Every lock under this client's key prefix that has state in Redis, by kind and name,
+    /// sorted. It `SCAN`s the whole keyspace (every master of a cluster): an operator's tool,
+    /// not for a hot path.
+    pub async fn list(&self) -> Result<Vec<(LockKind, String)>> {
+        inspect::list(&self.engine).await
     }
 
     /// The configuration in use.

@@ -50,6 +50,10 @@ pub enum Error {
         /// The layout this client was configured with.
         ours: String,
     },
+    /// [`LockClient::connect_as_recorded`](crate::LockClient::connect_as_recorded) found no
+    /// layout recorded under this key prefix: no client has used it on this server.
+    #[error("no fredlock layout is recorded under prefix {0:?} on this server")]
+    NoLayout(String),
     /// Connecting to Redis failed or did not finish within the configured connect timeout.
     #[error("cannot connect to Redis: {0}")]
     Connect(#[source] fred::error::Error),

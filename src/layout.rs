@@ -27,7 +27,7 @@ use fred::clients::Client;
 use fred::interfaces::KeysInterface;
 use fred::types::{SetOptions, Value};
 
-use crate::config::Config;
+use crate::config::{Config, NotificationMode};
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
 
@@ -130,6 +130,52 @@ impl Layout {
             prefix: self.prefix.clone(),
             server: self.refused.get().cloned().unwrap_or_default(),
             ours: self.ours.to_string(),
+        }
+    }
+}
+
+/// The shard count and notification mode of a layout record (`Layout`'s text: `"<version>
+/// shards=<n> notification=<mode>"`) of this version; None for another version's record or
+/// text that is no record.
+pub(crate) fn recorded_layout(text: &str) -> Option<(u16, NotificationMode)> {
+    let mut words = text.split(' ');
+    if words.next()? != VERSION {
+        return None;
+    }
+    let shards = words.next()?.strip_prefix("shards=")?.parse().ok()?;
+    let notification = match words.next()?.strip_prefix("notification=")? {
+        "stream" => NotificationMode::Stream,
+        "pubsub" => NotificationMode::PubSub,
+        _ => return None,
+    };
+    words.next().is_none().then_some((shards, notification))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Keyspace;
+
+    #[test]
+    fn a_record_gives_back_its_layout() {
+        for (shards, mode) in [
+            (1, NotificationMode::Stream),
+            (16, NotificationMode::PubSub),
+        ] {
+            let mut config = Config::new("redis://127.0.0.1:1");
+            config.shards = shards;
+            config.notification = mode;
+            let layout = Layout::new(&config, &Keyspace::new("p", shards, false));
+            assert_eq!(recorded_layout(&layout.ours), Some((shards, mode)));
+        }
+        for foreign in [
+            "",
+            "v9 shards=1 notification=stream",
+            "v10 shards=x notification=stream",
+            "v10 shards=1 notification=poll",
+            "v10 shards=1 notification=stream extra",
+        ] {
+            assert_eq!(recorded_layout(foreign), None, "{foreign:?}");
         }
     }
 }

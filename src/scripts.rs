@@ -222,10 +222,13 @@ scripts! {
     rw_force_unlock: [FENCE, NOTIFY, HOLD, RW],
     hold_renew: [FENCE, HOLD],
     hold_inspect: [],
+    hold_describe: [FENCE],
+    rw_describe: [FENCE, NOTIFY, HOLD, RW],
     latch_set: [LATCH],
     latch_wait: [LATCH],
     latch_count_down: [NOTIFY, LATCH],
     latch_delete: [NOTIFY, LATCH],
+    latch_describe: [LATCH],
 }
 
 /// A key role and its position in the KEYS of every script that takes it (`lua/README.md`): a

@@ -9,6 +9,7 @@
 //! and its guards reach the client's state through its [`Engine`], never through the client.
 
 pub(crate) mod guard;
+pub(crate) mod inspect;
 pub(crate) mod latch;
 pub(crate) mod multi;
 pub(crate) mod mutex;

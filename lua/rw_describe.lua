@@ -1,0 +1,48 @@
+-- rw_describe.lua: read a read-write lock or a semaphore, its holds and its wait queue,
+-- without changing them (one atomic snapshot, for inspection: src/lock/inspect.rs).
+-- Uses lib/fence.lua, lib/hold.lua and lib/rw.lua.
+--
+-- KEYS[1] hold     the lock's hash (see lib/rw.lua)
+-- ARGV[1] limit    how many read holds and waiters to list at most each
+--
+-- Returns {writer's owner id ("" without a live write hold), write hold count, the lock's last
+--          fencing token ("" when it has no hash), ms until the write hold's lease ends (-2
+--          without), the semaphore's permit count (0 on a read-write lock), live read holds,
+--          read holds listed (r), waiters queued (alive), then r times {owner id, count,
+--          token, ms until its lease ends}, then per listed waiter, head first: {waiter id,
+--          inbox tag, owner id}};
+--         a WRONGTYPE error when the key holds a foreign value (HMGET: a typed read).
+local limit = tonumber(ARGV[1])
+local fields = fl_rw_read(KEYS[1])
+local now_ms = math.floor(fl_now_us() / 1000)
+local state = fl_rw_state(fields, now_ms, '')
+local q = fl_rw_live(fields[7], now_ms)
+local readers = {}
+for who, count, token, ends in string.gmatch(state.others, '(%S+) (%d+) (%d+) (%d+) %S+ %S+\n') do
+  if #readers >= 4 * limit then
+    break
+  end
+  readers[#readers + 1] = who
+  readers[#readers + 1] = tonumber(count)
+  readers[#readers + 1] = token
+  readers[#readers + 1] = tonumber(ends) - now_ms
+end
+local waiters, queued = {}, 0
+for waiter, inbox, owner in string.gmatch(q, '(%S+) (%S+) (%S+)[^\n]*\n') do
+  queued = queued + 1
+  if queued <= limit then
+    waiters[#waiters + 1] = waiter
+    waiters[#waiters + 1] = inbox
+    waiters[#waiters + 1] = owner
+  end
+end
+local reply = {state.writer or '', state.writer and (tonumber(fields[2]) or 0) or 0,
+  fields[3] or '', state.writer and (state.ends - now_ms) or -2, state.cap or 0, state.readers,
+  #readers / 4, queued}
+for _, item in ipairs(readers) do
+  reply[#reply + 1] = item
+end
+for _, item in ipairs(waiters) do
+  reply[#reply + 1] = item
+end
+return reply

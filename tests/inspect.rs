@@ -1,0 +1,179 @@
+//! Inspection against a real redis-server, in both notification modes: every lock kind's
+//! holders and waiters as `LockClient::inspect` reports them, `LockClient::list`, and
+//! `LockClient::connect_as_recorded`, which takes the layout other clients recorded.
+
+mod support;
+
+use fredlock::{Error, HoldSide, LockClient, LockKind, LockReport, Owner};
+use support::{config, connect, eventually, in_both_modes, shutdown, RedisServer, MODES};
+
+/// Spawns `acquire` on a task and returns once `locks` shows it waiting (locally or in Redis).
+async fn waiting<F>(locks: &LockClient, acquire: F) -> tokio::task::JoinHandle<()>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let before = locks.stats().queued_in_redis;
+    let task = tokio::spawn(acquire);
+    eventually("the waiter queued in Redis", || {
+        locks.stats().queued_in_redis > before
+    })
+    .await;
+    task
+}
+
+async fn report(locks: &LockClient, kind: LockKind, name: &str) -> LockReport {
+    locks.inspect(kind, name).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_locks_show_their_holder_and_queue() {
+    in_both_modes("inspect-excl", |mode, locks, other| async move {
+        for kind in [LockKind::Mutex, LockKind::FairMutex] {
+            let owner = Owner::new();
+            let (mine, waiter) = if kind == LockKind::Mutex {
+                let handle = locks.mutex("m").unwrap().with_owner(&owner);
+                let guard = handle.lock().await.unwrap().into_inner();
+                let theirs = other.mutex("m").unwrap();
+                let waiter = waiting(&other, async move {
+                    drop(theirs.lock().await.unwrap());
+                });
+                (guard, waiter.await)
+            } else {
+                let handle = locks.fair_mutex("m").unwrap().with_owner(&owner);
+                let guard = handle.lock().await.unwrap().into_inner();
+                let theirs = other.fair_mutex("m").unwrap();
+                let waiter = waiting(&other, async move {
+                    drop(theirs.lock().await.unwrap());
+                });
+                (guard, waiter.await)
+            };
+            let seen = report(&locks, kind, "m").await;
+            assert_eq!((seen.kind, seen.name.as_str()), (kind, "m"));
+            assert_eq!(seen.held, 1, "{mode:?} {kind}");
+            let holder = &seen.holders[0];
+            assert_eq!(holder.owner, owner.id(), "{mode:?} {kind}");
+            assert_eq!(holder.side, HoldSide::Exclusive);
+            assert_eq!(holder.hold_count, 1);
+            assert_eq!(holder.fencing_token, mine.fencing_token());
+            assert!(holder.remaining.is_some());
+            assert_eq!(seen.queued, 1, "{mode:?} {kind}: {seen:?}");
+            assert_eq!(seen.waiters.len(), 1);
+            assert!(seen.waiters[0].waited.is_some());
+            assert_ne!(seen.waiters[0].owner, owner.id());
+            mine.unlock().await.unwrap();
+            support::joined("the waiter", waiter).await;
+
+            // The waiter's guard was dropped: its release runs in the background.
+            support::eventually_async("the lock freed", || {
+                let locks = locks.clone();
+                async move { report(&locks, kind, "m").await.held == 0 }
+            })
+            .await;
+            let free = report(&locks, kind, "m").await;
+            assert_eq!(
+                (free.held, free.queued),
+                (0, 0),
+                "{mode:?} {kind}: {free:?}"
+            );
+            assert!(free.last_token.is_some(), "the tombstone keeps the token");
+        }
+        let never = report(&locks, LockKind::Mutex, "never-used").await;
+        assert_eq!((never.held, never.queued, never.last_token), (0, 0, None));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_holds_permits_and_latches_are_reported() {
+    in_both_modes("inspect-shared", |mode, locks, other| async move {
+        // A read-write lock: two readers, a writer queued behind them.
+        let rw = locks.rwlock("rw").unwrap();
+        let readers = [rw.read().await.unwrap(), rw.read().await.unwrap()];
+        let writer = other.rwlock("rw").unwrap();
+        let queued = waiting(&other, async move {
+            drop(writer.write().await.unwrap());
+        })
+        .await;
+        let seen = report(&other, LockKind::RwLock, "rw").await;
+        assert_eq!((seen.held, seen.queued), (2, 1), "{mode:?}: {seen:?}");
+        assert!(seen.holders.iter().all(|h| h.side == HoldSide::Shared));
+        let mut tokens: Vec<u64> = seen.holders.iter().map(|h| h.fencing_token).collect();
+        tokens.sort_unstable();
+        let mut expected: Vec<u64> = readers.iter().map(|g| g.fencing_token()).collect();
+        expected.sort_unstable();
+        assert_eq!(tokens, expected, "{mode:?}");
+        assert!(seen.waiters[0].waiter.starts_with('w'));
+        assert_eq!(seen.permits, None);
+        drop(readers);
+        support::joined("the writer", queued).await;
+
+        // A semaphore: its count, its permits.
+        let pool = locks.semaphore("pool", 3).unwrap();
+        let permits = [pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
+        let seen = report(&locks, LockKind::Semaphore, "pool").await;
+        assert_eq!(
+            (seen.held, seen.permits),
+            (2, Some(3)),
+            "{mode:?}: {seen:?}"
+        );
+        drop(permits);
+
+        // A latch: its count and its waiting clients.
+        let latch = locks.count_down_latch("gate").unwrap();
+        assert!(latch.try_set_count(2).await.unwrap());
+        let theirs = other.count_down_latch("gate").unwrap();
+        let before = other.stats().waiting;
+        let wait = tokio::spawn(async move { theirs.wait().await.unwrap() });
+        eventually("the latch waiter", || other.stats().waiting > before).await;
+        support::eventually_async("the waiting client listed", || {
+            let locks = locks.clone();
+            async move { report(&locks, LockKind::Latch, "gate").await.queued == 1 }
+        })
+        .await;
+        let seen = report(&locks, LockKind::Latch, "gate").await;
+        assert_eq!(seen.count, Some(2), "{mode:?}");
+        assert!(latch.delete().await.unwrap());
+        support::joined("the latch waiter", wait).await;
+
+        let listed = locks.list().await.unwrap();
+        for (kind, name) in [(LockKind::RwLock, "rw"), (LockKind::Semaphore, "pool")] {
+            assert!(
+                listed.contains(&(kind, name.to_owned())),
+                "{mode:?}: {kind} {name} in {listed:?}"
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_connects_with_the_recorded_layout() {
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("recorded-{}", mode.as_str());
+        let mut used = config(&server, &prefix, mode);
+        used.shards = 4;
+        let service = connect(used).await;
+        let guard = service.mutex("orders").unwrap().lock().await.unwrap();
+
+        // The tool knows neither the shard count nor the mode.
+        let tool = LockClient::connect_as_recorded(config(&server, &prefix, MODES[0]))
+            .await
+            .unwrap();
+        assert_eq!(tool.config().shards, 4);
+        assert_eq!(tool.config().notification, mode);
+        assert_eq!(
+            tool.list().await.unwrap(),
+            vec![(LockKind::Mutex, "orders".to_owned())]
+        );
+        let seen = tool.inspect(LockKind::Mutex, "orders").await.unwrap();
+        assert_eq!(seen.holders[0].fencing_token, guard.fencing_token());
+        shutdown(&tool).await;
+        guard.unlock().await.unwrap();
+        shutdown(&service).await;
+    }
+    match LockClient::connect_as_recorded(config(&server, "nobody-here", MODES[0])).await {
+        Err(Error::NoLayout(prefix)) => assert_eq!(prefix, "nobody-here"),
+        other => panic!("an unused prefix: {other:?}"),
+    }
+}
