@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use fred::interfaces::{ClientLike, KeysInterface};
 use fred::types::Value;
+use serde::{Serialize, Serializer};
 
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -66,6 +67,12 @@ impl LockKind {
     }
 }
 
+impl Serialize for LockKind {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
 impl fmt::Display for LockKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -73,7 +80,8 @@ impl fmt::Display for LockKind {
 }
 
 /// Which hold a holder has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum HoldSide {
     /// The hold of an exclusive lock, or the write hold of a read-write lock.
@@ -83,7 +91,7 @@ pub enum HoldSide {
 }
 
 /// One holder found by [`LockClient::inspect`](crate::LockClient::inspect).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Holder {
     /// The owner id the hold is taken under (see [`Owner`](crate::Owner)).
@@ -94,14 +102,15 @@ pub struct Holder {
     pub hold_count: u64,
     /// The hold's fencing token.
     pub fencing_token: u64,
-    /// Time until its lease ends, unless the watchdog renews it first.
+    /// Time until its lease ends, unless the watchdog renews it first (in JSON: `remaining_ms`).
+    #[serde(rename = "remaining_ms", serialize_with = "as_ms")]
     pub remaining: Option<Duration>,
 }
 
 /// One waiter queued in Redis, found by [`LockClient::inspect`](crate::LockClient::inspect).
 /// The barging [`Mutex`](crate::Mutex) queues only waiters of other processes than the
 /// holder's, and a latch lists one waiter per waiting client.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Waiter {
     /// The acquisition's waiter id ("" for a latch).
@@ -110,12 +119,13 @@ pub struct Waiter {
     pub owner: String,
     /// The inbox tag of its client: waiters with the same tag are tasks of one client.
     pub client: String,
-    /// How long it has waited (exclusive locks only).
+    /// How long it has waited (exclusive locks only; in JSON: `waited_ms`).
+    #[serde(rename = "waited_ms", serialize_with = "as_ms")]
     pub waited: Option<Duration>,
 }
 
 /// One lock as [`LockClient::inspect`](crate::LockClient::inspect) found it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct LockReport {
     /// The kind.
@@ -136,6 +146,19 @@ pub struct LockReport {
     pub permits: Option<u32>,
     /// A latch's count (0: open).
     pub count: Option<u64>,
+}
+
+/// A duration as whole milliseconds (JSON).
+fn as_ms<S: Serializer>(
+    duration: &Option<Duration>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match duration {
+        Some(duration) => {
+            serializer.serialize_u64(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
+        }
+        None => serializer.serialize_none(),
+    }
 }
 
 impl LockReport {

@@ -1,0 +1,314 @@
+//! `fredlock`: look at the locks that services keep in Redis, and free a stuck one.
+//!
+//! ```text
+//! fredlock [--url URL] [--prefix PREFIX] [--json] list
+//! fredlock [--url URL] [--prefix PREFIX] [--json] show KIND NAME
+//! fredlock [--url URL] [--prefix PREFIX] force-unlock KIND NAME
+//! ```
+//!
+//! KIND is `mutex`, `fair`, `rw`, `sem` or `latch`. The tool connects with the layout the
+//! services recorded under the prefix (`LockClient::connect_as_recorded`), so it needs neither
+//! their shard count nor their notification mode, and it never records a layout of its own.
+//! `list` and `show` only read; `force-unlock` takes every hold of the lock back (a latch: opens
+//! it) and wakes its waiters, as the handles' `force_unlock` does. Exit status: 0 done, 1 a
+//! Redis or lock error, 2 bad arguments.
+
+use std::process::ExitCode;
+
+use fredlock::{Config, HoldSide, LockClient, LockKind, LockReport};
+
+const USAGE: &str = "\
+usage: fredlock [--url URL] [--prefix PREFIX] [--json] COMMAND
+
+commands:
+  list                        every lock under the prefix that has state in Redis
+  show KIND NAME              a lock's holders (owner, count, token, lease left) and waiters
+  force-unlock KIND NAME      take every hold back and wake the waiters (a latch: open it)
+
+KIND: mutex, fair, rw, sem, latch
+options:
+  --url URL        the Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379)
+  --prefix PREFIX  the key prefix the services use (default: fredlock)
+  --json           print JSON (list, show)
+  -h, --help       this text";
+
+/// What the command line asks for.
+struct Args {
+    url: String,
+    prefix: Option<String>,
+    json: bool,
+    command: Command,
+}
+
+enum Command {
+    List,
+    Show(LockKind, String),
+    ForceUnlock(LockKind, String),
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args_os().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("fredlock: {message}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let outcome = match runtime {
+        Ok(runtime) => runtime.block_on(run(args)),
+        Err(err) => Err(format!("cannot start the runtime: {err}")),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("fredlock: {message}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The arguments, or None for `--help`.
+fn parse(raw: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Option<Args>, String> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_args(raw);
+    let mut url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let (mut prefix, mut json, mut words) = (None, false, Vec::new());
+    while let Some(arg) = parser.next().map_err(|err| err.to_string())? {
+        match arg {
+            Long("url") => url = text(parser.value())?,
+            Long("prefix") => prefix = Some(text(parser.value())?),
+            Long("json") => json = true,
+            Short('h') | Long("help") => return Ok(None),
+            Value(word) => words.push(text(Ok(word))?),
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    let lock = |words: &[String]| match words {
+        [kind, name] => LockKind::parse(kind)
+            .map(|kind| (kind, name.clone()))
+            .ok_or_else(|| format!("unknown kind {kind:?}")),
+        _ => Err("expected KIND NAME".to_owned()),
+    };
+    let command = match words.split_first() {
+        Some((command, [])) if command == "list" => Command::List,
+        Some((command, rest)) if command == "show" => {
+            let (kind, name) = lock(rest)?;
+            Command::Show(kind, name)
+        }
+        Some((command, rest)) if command == "force-unlock" => {
+            let (kind, name) = lock(rest)?;
+            Command::ForceUnlock(kind, name)
+        }
+        Some((command, _)) => return Err(format!("unknown command or arguments: {command:?}")),
+        None => return Err("no command".into()),
+    };
+    Ok(Some(Args {
+        url,
+        prefix,
+        json,
+        command,
+    }))
+}
+
+fn text(value: Result<std::ffi::OsString, lexopt::Error>) -> Result<String, String> {
+    value
+        .map_err(|err| err.to_string())?
+        .into_string()
+        .map_err(|raw| format!("not UTF-8: {raw:?}"))
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let mut config = Config::new(args.url);
+    if let Some(prefix) = args.prefix {
+        config.key_prefix = prefix;
+    }
+    let locks = LockClient::connect_as_recorded(config)
+        .await
+        .map_err(|err| err.to_string())?;
+    let done = command(&locks, &args.command, args.json).await;
+    let closed = locks.shutdown().await.map_err(|err| err.to_string());
+    done.and(closed)
+}
+
+async fn command(locks: &LockClient, command: &Command, json: bool) -> Result<(), String> {
+    let failed = |err: fredlock::Error| err.to_string();
+    match command {
+        Command::List => {
+            let mut reports = Vec::new();
+            for (kind, name) in locks.list().await.map_err(failed)? {
+                reports.push(locks.inspect(kind, &name).await.map_err(failed)?);
+            }
+            if json {
+                print_json(&reports)?;
+            } else {
+                println!("{:<6} {:>5} {:>7}  NAME", "KIND", "HELD", "QUEUED");
+                for report in &reports {
+                    println!(
+                        "{:<6} {:>5} {:>7}  {}",
+                        report.kind.as_str(),
+                        report.held,
+                        report.queued,
+                        report.name
+                    );
+                }
+            }
+        }
+        Command::Show(kind, name) => {
+            let report = locks.inspect(*kind, name).await.map_err(failed)?;
+            if json {
+                print_json(&report)?;
+            } else {
+                print!("{}", shown(&report));
+            }
+        }
+        Command::ForceUnlock(kind, name) => {
+            let removed = force_unlock(locks, *kind, name).await.map_err(failed)?;
+            let what = if removed { "freed" } else { "was not held" };
+            println!("{kind} {name:?} {what}");
+        }
+    }
+    Ok(())
+}
+
+async fn force_unlock(locks: &LockClient, kind: LockKind, name: &str) -> fredlock::Result<bool> {
+    match kind {
+        LockKind::Mutex => locks.mutex(name)?.force_unlock().await,
+        LockKind::FairMutex => locks.fair_mutex(name)?.force_unlock().await,
+        LockKind::RwLock => locks.rwlock(name)?.force_unlock().await,
+        LockKind::Semaphore => {
+            // The count does not matter to a force release.
+            locks.semaphore(name, 1)?.force_release().await
+        }
+        LockKind::Latch => locks.count_down_latch(name)?.delete().await,
+        _ => Err(fredlock::Error::InvalidConfig(format!(
+            "cannot force {kind}"
+        ))),
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|err| err.to_string())?;
+    println!("{text}");
+    Ok(())
+}
+
+/// A report as text, one line per fact, then a table of holders and one of waiters.
+fn shown(report: &LockReport) -> String {
+    let mut out = format!("{} {:?}\n", report.kind, report.name);
+    let mut line = |label: &str, value: String| out.push_str(&format!("  {label:<11} {value}\n"));
+    line("held", report.held.to_string());
+    line("queued", report.queued.to_string());
+    if let Some(token) = report.last_token {
+        line("last token", token.to_string());
+    }
+    if let Some(permits) = report.permits {
+        line("permits", permits.to_string());
+    }
+    if let Some(count) = report.count {
+        line("count", count.to_string());
+    }
+    if !report.holders.is_empty() {
+        out.push_str("  holders:\n");
+        for holder in &report.holders {
+            let side = match holder.side {
+                HoldSide::Exclusive => "excl",
+                _ => "shared",
+            };
+            out.push_str(&format!(
+                "    {side:<6} owner {} count {} token {} lease left {}\n",
+                holder.owner,
+                holder.hold_count,
+                holder.fencing_token,
+                ms(holder.remaining)
+            ));
+        }
+    }
+    if !report.waiters.is_empty() {
+        out.push_str("  waiters (head first):\n");
+        for waiter in &report.waiters {
+            out.push_str(&format!(
+                "    client {} waiter {} owner {} waited {}\n",
+                waiter.client,
+                or_dash(&waiter.waiter),
+                or_dash(&waiter.owner),
+                ms(waiter.waited)
+            ));
+        }
+    }
+    out
+}
+
+fn ms(duration: Option<std::time::Duration>) -> String {
+    duration.map_or_else(|| "-".into(), |d| format!("{} ms", d.as_millis()))
+}
+
+fn or_dash(text: &str) -> &str {
+    if text.is_empty() {
+        "-"
+    } else {
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(words: &[&str]) -> Result<Option<Args>, String> {
+        parse(words.iter().map(Into::into))
+    }
+
+    #[test]
+    fn commands_and_options_parse() {
+        let args = parsed(&[
+            "--url",
+            "redis://h:1",
+            "--prefix",
+            "p",
+            "--json",
+            "show",
+            "rw",
+            "a b",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (args.url.as_str(), args.prefix.as_deref(), args.json),
+            ("redis://h:1", Some("p"), true)
+        );
+        assert!(matches!(args.command, Command::Show(LockKind::RwLock, ref name) if name == "a b"));
+        assert!(matches!(
+            parsed(&["list"]).unwrap().unwrap().command,
+            Command::List
+        ));
+        assert!(matches!(
+            parsed(&["force-unlock", "sem", "pool"])
+                .unwrap()
+                .unwrap()
+                .command,
+            Command::ForceUnlock(LockKind::Semaphore, _)
+        ));
+        assert!(parsed(&["--help"]).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        for words in [
+            &[][..],
+            &["show", "lock", "x"],
+            &["show", "mutex"],
+            &["list", "x"],
+            &["drop"],
+            &["--bogus", "list"],
+        ] {
+            assert!(parsed(words).is_err(), "{words:?}");
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! The `fredlock` command-line tool against a real redis-server: `list`, `show` (text and
+//! JSON), `force-unlock`, and its exit statuses.
+
+mod support;
+
+use std::process::Output;
+
+use fredlock::{Error, NotHeldReason, NotificationMode, Owner};
+use support::{config, connect, shutdown, RedisServer};
+
+/// Runs the tool with `args` against `server` (off the runtime's threads: it blocks).
+async fn fredlock(server: &RedisServer, args: &[&str]) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_fredlock"));
+    command
+        .args(["--url", &server.url(), "--prefix", "cli"])
+        .args(args);
+    tokio::task::spawn_blocking(move || command.output().expect("the tool runs"))
+        .await
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "status {:?}, stderr {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tool_lists_shows_and_frees_locks() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let unused = fredlock(&server, &["list"]).await;
+    assert_eq!(unused.status.code(), Some(1), "no layout recorded yet");
+
+    let mut used = config(&server, "cli", NotificationMode::PubSub);
+    used.shards = 3;
+    let service = connect(used).await;
+    let owner = Owner::new();
+    let guard = service
+        .mutex("orders")
+        .unwrap()
+        .with_owner(&owner)
+        .lock()
+        .await
+        .unwrap();
+    let pool = service.semaphore("pool", 4).unwrap();
+    let permit = pool.acquire().await.unwrap();
+
+    let listed = stdout(&fredlock(&server, &["list"]).await);
+    assert!(
+        listed.contains("mutex") && listed.contains("orders"),
+        "{listed}"
+    );
+    assert!(
+        listed.contains("sem") && listed.contains("pool"),
+        "{listed}"
+    );
+
+    let shown = stdout(&fredlock(&server, &["show", "mutex", "orders"]).await);
+    assert!(shown.contains(owner.id()), "{shown}");
+    assert!(
+        shown.contains(&guard.fencing_token().to_string()),
+        "{shown}"
+    );
+
+    let json = stdout(&fredlock(&server, &["--json", "show", "sem", "pool"]).await);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["kind"], "sem");
+    assert_eq!(report["permits"], 4);
+    assert_eq!(report["held"], 1);
+    assert_eq!(
+        report["holders"][0]["fencing_token"],
+        permit.fencing_token()
+    );
+    assert!(report["holders"][0]["remaining_ms"].is_u64());
+
+    let freed = stdout(&fredlock(&server, &["force-unlock", "mutex", "orders"]).await);
+    assert!(freed.contains("freed"), "{freed}");
+    match guard.unlock().await {
+        Err(Error::NotHeld {
+            reason: NotHeldReason::Expired,
+            ..
+        }) => {}
+        other => panic!("a force-unlocked hold: {other:?}"),
+    }
+    let again = stdout(&fredlock(&server, &["force-unlock", "mutex", "orders"]).await);
+    assert!(again.contains("was not held"), "{again}");
+
+    let refused = fredlock(&server, &["show", "lock", "orders"]).await;
+    assert_eq!(refused.status.code(), Some(2), "an unknown kind");
+    permit.unlock().await.unwrap();
+    shutdown(&service).await;
+}
