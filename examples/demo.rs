@@ -1,6 +1,6 @@
 //! A short guided tour of fredlock, run by `scripts/demo`.
 //!
-//! It connects to `REDIS_URL` (default `redis://127.0.0.1:6379`) and runs the same seven
+//! It connects to `REDIS_URL` (default `redis://127.0.0.1:6379`) and runs the same eight
 //! scenes twice, once per notification mode (Stream, then Pub/Sub), each under its own key
 //! prefix so that the two layouts never meet:
 //!
@@ -15,6 +15,8 @@
 //! * (f) transfers between two accounts, each under a `MultiLock` over both accounts' locks,
 //!   named in opposite orders by half of the tasks: no deadlock, the total stays the same.
 //! * (g) a `CountDownLatch`: two tasks wait until three count-downs open it.
+//! * (h) a `Semaphore` with 2 permits and 6 tasks: never more than 2 inside, and
+//!   `LockClient::inspect` shows the 2 holders and the waiters queued behind them.
 //!
 //! The process exits with status 1 if a check fails. Set `RUST_LOG` (e.g. `RUST_LOG=debug`)
 //! to see the crate's tracing output. The demo leaves its keys under `fredlock-demo-<pid>-*`.
@@ -25,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use fred::interfaces::{ClientLike, KeysInterface};
 use fred::types::InfoKind;
-use fredlock::{Config, Lease, LockClient, LostCause, MultiLock, NotificationMode, Owner};
+use fredlock::{
+    Config, Lease, LockClient, LockKind, LostCause, MultiLock, NotificationMode, Owner,
+};
 
 type DemoResult<T> = Result<T, Box<dyn StdError + Send + Sync>>;
 
@@ -77,7 +81,7 @@ async fn main() {
     }
 }
 
-/// All five scenes with one client in one notification mode.
+/// All the scenes with one client in one notification mode.
 async fn tour(url: &str, mode: NotificationMode, checks: &mut Checks) -> DemoResult<()> {
     let mode_name = mode.as_str();
     let mut config = Config::new(url);
@@ -98,6 +102,7 @@ async fn tour(url: &str, mode: NotificationMode, checks: &mut Checks) -> DemoRes
     push_wakeup(&locks, checks).await?;
     transfers(&locks, &config.key_prefix, checks).await?;
     latch(&locks, checks).await?;
+    semaphore(&locks, checks).await?;
     locks.shutdown().await?;
     Ok(())
 }
@@ -249,6 +254,54 @@ async fn latch(locks: &LockClient, checks: &mut Checks) -> DemoResult<()> {
         woken,
         format!("latch waiters still waiting after {STALL:?}"),
     );
+    Ok(())
+}
+
+/// (h) A semaphore with 2 permits: 6 tasks, never more than 2 inside; the inspection of it
+/// while 2 permits are held shows them and the waiters.
+async fn semaphore(locks: &LockClient, checks: &mut Checks) -> DemoResult<()> {
+    const TASKS: usize = 6;
+    const STALL: Duration = Duration::from_secs(10);
+    let pool = locks.semaphore("db-pool", 2)?;
+    let held = [pool.acquire().await?, pool.acquire().await?];
+    let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut users = tokio::task::JoinSet::new();
+    let queued_before = locks.stats().queued_in_redis;
+    for _ in 0..TASKS {
+        let (pool, inside, most) = (pool.clone(), inside.clone(), most.clone());
+        users.spawn(async move {
+            let permit = pool.acquire().await?;
+            let now = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            permit.unlock().await?;
+            DemoResult::Ok(())
+        });
+    }
+    let queued = tokio::time::timeout(STALL, async {
+        while locks.stats().queued_in_redis < queued_before + TASKS {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .is_ok();
+    let report = locks.inspect(LockKind::Semaphore, "db-pool").await?;
+    drop(held);
+    let finished = finished_within(&mut users, STALL).await?;
+    let most = most.load(std::sync::atomic::Ordering::SeqCst);
+    println!(
+        "(h) a Semaphore with 2 permits: inspect saw {} held, {} queued; the {TASKS} tasks \
+         finished: {finished}, at most {most} inside at once",
+        report.held, report.queued
+    );
+    checks.expect(
+        queued && report.held == 2 && report.queued == TASKS as u64,
+        format!("semaphore inspection {report:?}"),
+    );
+    checks.expect(finished, format!("semaphore users stalled after {STALL:?}"));
+    checks.expect(most <= 2, format!("{most} permit holders at once"));
     Ok(())
 }
 
