@@ -66,12 +66,16 @@ local writing = side == 'write'
 -- each), unless this acquisition is the writer at its head. It then looks again.
 local q, queue_writer = fl_rw_live(fields[7], now_ms)
 
--- A semaphore's permit count: every user must give the same while it is in use.
+-- A semaphore's permit count: every user must give the same while it is in use. An idle one
+-- takes the caller's; a lock with no hash gets it with its take below, which may yet be
+-- refused at the fence key (and must then leave no key behind).
 if permits and state.cap ~= permits then
   if state.cap and (state.readers > 0 or q ~= '') then
     return redis.error_reply(string.format('FLPERMITS %d', state.cap))
   end
-  redis.call('HSET', hold, 'n', string.format('%d', permits))
+  if fields[3] then
+    redis.call('HSET', hold, 'n', string.format('%d', permits))
+  end
   state.cap = permits
 end
 
@@ -164,6 +168,10 @@ if takes then
   else
     state.mine = {count = 1, token = token, ends = lease_end, op = op, waiter = '-'}
     redis.call('HSET', hold, 'f', token, 'q', queue, 's', fl_rw_readers(state))
+    if state.cap and not fields[3] then
+      -- A semaphore's first take (no hash before it): its permit count goes with it.
+      redis.call('HSET', hold, 'n', string.format('%d', state.cap))
+    end
     if state.changed then
       redis.call('HSET', hold, 'o', '', 'c', '0', 'e', '')
     end
