@@ -943,6 +943,10 @@ pub(crate) struct Bid<'a> {
     /// Whether the client asks to hear of the first waiter queued behind the write hold this
     /// call takes (`ARGV[12]`); no unless a test says so.
     pub(crate) notice: bool,
+    /// A semaphore's permit count (`ARGV[13]`, field `n` of `lua/lib/rw.lua`): the call is a
+    /// semaphore's (read side, at most that many read holds); `None` for a read-write lock,
+    /// whose calls pass `""`.
+    pub(crate) permits: Option<u32>,
 }
 
 impl<'a> Bid<'a> {
@@ -966,6 +970,7 @@ impl<'a> Bid<'a> {
             waiter: "",
             waiter_lease: 0,
             notice: false,
+            permits: None,
         }
     }
 
@@ -1003,6 +1008,15 @@ impl<'a> Bid<'a> {
         Bid { client, ..self }
     }
 
+    /// The call is a semaphore's with `permits` permits (`ARGV[13]`): a read bid only.
+    pub(crate) fn permits(self, permits: u32) -> Self {
+        assert_eq!(self.side, Side::Read, "a semaphore has no write side");
+        Bid {
+            permits: Some(permits),
+            ..self
+        }
+    }
+
     /// The grant ms of this bid's queue line: min(lease, waiter lease).
     pub(crate) fn grant_ms(&self) -> i64 {
         self.lease.min(self.waiter_lease).max(0)
@@ -1037,7 +1051,8 @@ impl Span {
 
 /// The read-write lock's hash, field by field (`None`: the hash lacks the field). The write
 /// hold's fields and the queue are those of the exclusive locks ([`HoldHash`]); `e` is the
-/// write hold's end (server ms) and `s` the read holds, one line per owner.
+/// write hold's end (server ms) and `s` the read holds, one line per owner; a semaphore's
+/// hash also keeps its permit count `n`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct RwHash {
     pub(crate) o: Option<String>,
@@ -1050,6 +1065,8 @@ pub(crate) struct RwHash {
     pub(crate) g: Option<String>,
     pub(crate) e: Option<String>,
     pub(crate) s: Option<String>,
+    /// A semaphore's permit count (absent on a read-write lock).
+    pub(crate) n: Option<String>,
 }
 
 /// A field's value in an expected [`RwHash`].
@@ -1173,6 +1190,7 @@ impl<'a> Rw<'a> {
     pub(crate) fn attempt(&self, bid: Bid, fence_arg: &str) -> Resp {
         let (lease, waiter_lease) = (bid.lease.to_string(), bid.waiter_lease.to_string());
         let (inbox_tag, window) = (tag(bid.client), WINDOW.to_string());
+        let permits = bid.permits.map(|n| n.to_string()).unwrap_or_default();
         self.eval(
             &self.acquire,
             &RW_KEYS,
@@ -1189,8 +1207,7 @@ impl<'a> Rw<'a> {
                 &inbox_tag,
                 &window,
                 if bid.notice { "1" } else { "" },
-                // No permit count: a read-write lock.
-                "",
+                &permits,
                 fence_arg,
             ],
         )
@@ -1386,6 +1403,7 @@ impl<'a> Rw<'a> {
             g: take("g"),
             e: take("e"),
             s: take("s"),
+            n: take("n"),
         };
         // The notice field: checked through `notice_tag` where a test asks for notices.
         fields.remove("i");

@@ -32,6 +32,7 @@ fn write_held(owner: &str, token: i64, lease: i64, op: &str, ends: i64) -> RwHas
         g: v(""),
         e: v(ends),
         s: v(""),
+        n: None,
     }
 }
 
@@ -2323,4 +2324,606 @@ fn the_first_waiter_behind_a_write_hold_tells_its_holders_client_once() {
     let next = rw.token();
     assert_eq!(rw.acquire(Bid::read("b", "b-again").waiting("rb2"))[0], 0);
     assert_eq!(rw.inbox_events("c").last(), Some(&held_notice(next)));
+}
+
+// ---------------------------------------------------------------------------
+// semaphores: the read side with a bound (`rw_acquire.lua`'s ARGV[13], field `n`)
+// ---------------------------------------------------------------------------
+
+/// A semaphore's attempt of `owner` (call `op`) with `permits` permits: a read bid that passes
+/// the permit count. Every acquisition of a semaphore has an owner of its own, so one read line
+/// is one permit.
+fn permit<'a>(owner: &'a str, op: &'a str, permits: u32) -> Bid<'a> {
+    Bid::read(owner, op).permits(permits)
+}
+
+/// A permit of a semaphore of `permits` taken by each of `owners` in turn (a try each, op
+/// `<owner>-take`, lease [`LEASE`]): each draws a token above the one before; their tokens.
+fn take_permits<const N: usize>(rw: &Rw, owners: [&str; N], permits: u32) -> [i64; N] {
+    let mut previous = rw
+        .hash()
+        .f
+        .map_or(0, |f| f.parse().expect("the hash's token"));
+    owners.map(|owner| {
+        let op = format!("{owner}-take");
+        let clock = rw.clock();
+        let taken = rw.acquire(permit(owner, &op, permits));
+        assert_eq!(
+            (taken.len(), taken[0], taken[2]),
+            (3, 1, 1),
+            "{owner}'s take: {taken:?}"
+        );
+        assert_drawn(taken[1], previous, clock, &format!("{owner}'s permit"));
+        previous = taken[1];
+        taken[1]
+    })
+}
+
+/// A semaphore (`n` permits) is the read side with a bound: its first take keeps the count as
+/// `n`; takes succeed while fewer than `n` read holds live, then a try is busy (queueing
+/// nothing) and waiters queue. A release grants the head of the queue only the permit it
+/// frees (the wave stops at the bound: one waiter of six), and a force unlock that frees every
+/// permit grants `n` waiters (one event per client), the rest left queued in order; the next
+/// release grants the next one.
+#[test]
+fn a_semaphore_grants_no_more_waiters_than_permits_are_free() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["p", "r", "s", "u"]);
+    let [ta, tb, tc] = take_permits(&rw, ["a", "b", "c"], 3);
+    let holds = [
+        rw.reader("a", 1, ta, LEASE, "a-take", "-"),
+        rw.reader("b", 1, tb, LEASE, "b-take", "-"),
+        rw.reader("c", 1, tc, LEASE, "c-take", "-"),
+    ];
+    let full = RwHash {
+        f: v(tc),
+        q: v(""),
+        s: lines(&holds),
+        n: v(3),
+        ..RwHash::default()
+    };
+    rw.assert_hash(&full, "three permits held");
+    rw.assert_lasts_as_its_holds("three permits held");
+
+    // Every permit is held: a try is busy and queues nothing; waiters queue in order (p1, p2
+    // of client p; t of client s).
+    let a_end = rw.read_end("a", LEASE);
+    rw.assert_busy(&rw.acquire(permit("d", "d-try", 3)), a_end, "d's try");
+    rw.assert_hash(&full, "a try queued");
+    let rp1 = permit("p1", "p1-wait", 3).client("p").waiting("rp1");
+    let rp2 = permit("p2", "p2-wait", 3).client("p").waiting("rp2");
+    let rr = permit("r", "r-wait", 3).waiting("rr");
+    let rs = permit("s", "s-wait", 3).waiting("rs");
+    let rt = permit("t", "t-wait", 3).client("s").waiting("rt");
+    let ru = permit("u", "u-wait", 3).waiting("ru");
+    let waiters = [rp1, rp2, rr, rs, rt, ru];
+    for bid in waiters {
+        rw.assert_busy(&rw.acquire(bid), a_end, bid.waiter);
+    }
+    let queue = waiters.map(|bid| rw.queued(bid));
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&queue),
+            ..full.clone()
+        },
+        "six waiters queued",
+    );
+
+    // a's release frees one permit: rp1 alone is granted it.
+    let clock = rw.clock();
+    assert_eq!(rw.release(READ, "a", ta, "a-release"), vec![1, 0]);
+    let tp1 = rw.read_token("p1");
+    assert_drawn(tp1, tc, clock, "rp1's grant");
+    let p1_line = rw.reader("p1", 1, tp1, WAITER_LEASE, "rp1", "rp1");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(tp1),
+            x: v("a-release"),
+            q: lines(&queue[1..]),
+            s: lines(&[&holds[1], &holds[2], &p1_line]),
+            ..full.clone()
+        }),
+        "a's permit granted to rp1 alone",
+    );
+    rw.assert_lasts_as_its_holds("rp1's grant");
+    let p_events = vec![rw_grants(true, &[("rp1", WAITER_LEASE, tp1)])];
+    assert_eq!(rw.inbox_events("p"), p_events);
+    for client in ["r", "s", "u"] {
+        assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
+    }
+
+    // b's release: rp2 alone.
+    let clock = rw.clock();
+    assert_eq!(rw.release(READ, "b", tb, "b-release"), vec![1, 0]);
+    let tp2 = rw.read_token("p2");
+    assert_drawn(tp2, tp1, clock, "rp2's grant");
+    let p2_line = rw.reader("p2", 1, tp2, WAITER_LEASE, "rp2", "rp2");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(tp2),
+            x: v("b-release,a-release"),
+            q: lines(&queue[2..]),
+            s: lines(&[&holds[2], &p1_line, &p2_line]),
+            ..full.clone()
+        }),
+        "b's permit granted to rp2 alone",
+    );
+    let p_events = [
+        p_events[0].clone(),
+        rw_grants(true, &[("rp2", WAITER_LEASE, tp2)]),
+    ];
+    assert_eq!(rw.inbox_events("p"), p_events);
+
+    // A force unlock frees all three permits: a wave of rr, rs and rt (one event to client s
+    // for both), and ru, the fourth, waits on.
+    let clock = rw.clock();
+    assert_eq!(rw.force_unlock(), vec![1]);
+    let tr = rw.read_token("r");
+    assert_drawn(tr, tp2, clock, "rr's grant");
+    let (ts, tt) = (tr + 1, tr + 2);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(tt),
+            x: v("b-release,a-release"),
+            q: lines(&queue[5..]),
+            s: lines(&[
+                rw.reader("r", 1, tr, WAITER_LEASE, "rr", "rr"),
+                rw.reader("s", 1, ts, WAITER_LEASE, "rs", "rs"),
+                rw.reader("t", 1, tt, WAITER_LEASE, "rt", "rt"),
+            ]),
+            ..full.clone()
+        }),
+        "the force unlock's wave stopped at three",
+    );
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 3]);
+    assert_eq!(
+        rw.inbox_events("r"),
+        [rw_grants(true, &[("rr", WAITER_LEASE, tr)])]
+    );
+    assert_eq!(
+        rw.inbox_events("s"),
+        [rw_grants(
+            true,
+            &[("rs", WAITER_LEASE, ts), ("rt", WAITER_LEASE, tt)]
+        )]
+    );
+    assert_eq!(rw.inbox_events("p"), p_events, "p was sent to again");
+    assert!(rw.inbox_events("u").is_empty(), "u was sent to");
+
+    // ru is still in line: a try is busy; rr's release grants ru the permit.
+    let r_end = rw.read_end("r", WAITER_LEASE);
+    rw.assert_busy(&rw.acquire(permit("d", "d-try-2", 3)), r_end, "d behind ru");
+    assert_eq!(rw.release(READ, "r", tr, "r-release"), vec![1, 0]);
+    let tu = rw.read_token("u");
+    assert!(tu > tt, "ru's token {tu} not above rt's {tt}");
+    assert_eq!(
+        rw.inbox_events("u"),
+        [rw_grants(false, &[("ru", WAITER_LEASE, tu)])]
+    );
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 3]);
+    assert_eq!(rw.hash().q.as_deref(), Some(""));
+    rw.assert_no_stray_keys();
+}
+
+/// A permit granted to a waiter whose client is gone (Stream mode: no inbox) is taken back and
+/// goes on, in the same call, to the next waiter in line: a release that frees one permit
+/// grants it past a gone head; a force unlock that frees both passes the one taken back from a
+/// gone waiter on to the waiter after the wave. The tokens drawn for the gone waiters stay
+/// spent (the next grant's is above them), and a gone client's inbox is never created.
+#[test]
+fn a_permit_granted_to_a_gone_client_passes_to_the_next_waiter() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    // The clients of g and j are gone: no inbox.
+    rw.open_inboxes(&["h", "i", "k"]);
+    let [ta, tb] = take_permits(&rw, ["a", "b"], 2);
+    let b_line = rw.reader("b", 1, tb, LEASE, "b-take", "-");
+    let rg = permit("g", "g-wait", 2).waiting("rg");
+    let rh = permit("h", "h-wait", 2).waiting("rh");
+    let rj = permit("j", "j-wait", 2).waiting("rj");
+    let ri = permit("i", "i-wait", 2).waiting("ri");
+    let rk = permit("k", "k-wait", 2).waiting("rk");
+    for bid in [rg, rh, rj, ri, rk] {
+        rw.assert_busy(&rw.acquire(bid), rw.read_end("a", LEASE), bid.waiter);
+    }
+    let queue = [rw.queued(rj), rw.queued(ri), rw.queued(rk)];
+
+    // a's release grants its permit to rg, whose client is gone: taken back, it goes to rh,
+    // whose token is the next after the one rg drew.
+    let clock = rw.clock();
+    assert_eq!(rw.release(READ, "a", ta, "a-release"), vec![1, 0]);
+    let th = rw.read_token("h");
+    assert_drawn(th - 1, tb, clock, "rg's grant, taken back");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(th),
+            x: v("a-release"),
+            q: lines(&queue),
+            s: lines(&[&b_line, &rw.reader("h", 1, th, WAITER_LEASE, "rh", "rh")]),
+            n: v(2),
+            ..RwHash::default()
+        }),
+        "rg passed over for rh",
+    );
+    rw.assert_lasts_as_its_holds("rh's grant");
+    assert_eq!(
+        rw.inbox_events("h"),
+        [rw_grants(true, &[("rh", WAITER_LEASE, th)])]
+    );
+    for client in ["i", "k"] {
+        assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
+    }
+
+    // A force unlock frees both permits: the wave of rj (gone) and ri; rj's permit, taken
+    // back, goes on to rk.
+    let clock = rw.clock();
+    assert_eq!(rw.force_unlock(), vec![1]);
+    let ti = rw.read_token("i");
+    assert_drawn(ti - 1, th, clock, "rj's grant, taken back");
+    let tk = rw.read_token("k");
+    assert_eq!(tk, ti + 1, "rk's token: the next after ri's");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(tk),
+            x: v("a-release"),
+            q: v(""),
+            s: lines(&[
+                rw.reader("i", 1, ti, WAITER_LEASE, "ri", "ri"),
+                rw.reader("k", 1, tk, WAITER_LEASE, "rk", "rk"),
+            ]),
+            n: v(2),
+            ..RwHash::default()
+        }),
+        "rj passed over for rk",
+    );
+    rw.assert_lasts_as_its_holds("ri's and rk's grants");
+    assert_eq!(
+        rw.inbox_events("i"),
+        [rw_grants(true, &[("ri", WAITER_LEASE, ti)])]
+    );
+    assert_eq!(
+        rw.inbox_events("k"),
+        [rw_grants(false, &[("rk", WAITER_LEASE, tk)])]
+    );
+    for client in ["g", "j"] {
+        assert!(
+            !exists(&server, &inbox(client)),
+            "a gone client's inbox created"
+        );
+    }
+    rw.assert_no_stray_keys();
+}
+
+/// Every user of a semaphore gives the same permit count. While permits are held or waiters
+/// queue, an attempt with another count (more or fewer permits; a try or a waiting attempt) is
+/// refused with `FLPERMITS <the count in force>` and changes nothing: no queue line, and no
+/// grant either (not even to a waiter that lapsed holds left queued, which an attempt with the
+/// count in force grants at once). Once the semaphore is idle (its tombstone), the next take's
+/// count applies and is kept as `n`. A semaphore's first take refused at the fence key
+/// (missing, or a foreign value there) leaves no hash behind.
+#[test]
+fn another_permit_count_is_refused_while_the_semaphore_is_in_use() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["v", "x", "z"]);
+
+    let nothing = rw.dump(&[]);
+    let refused = rw.attempt(permit("a", "a-take", 2), &fence_arg(false));
+    assert_eq!(
+        refused.error_message(),
+        Some("FLFENCE missing"),
+        "{refused:?}"
+    );
+    assert_eq!(rw.dump(&[]), nothing, "a first take refused left a key");
+    server.cmd(&["RPUSH", FENCE, "planted"]);
+    let planted = rw.dump(&[]);
+    assert_wrongtype(
+        &rw.attempt(permit("a", "a-take", 2), &fence_arg(true)),
+        "a foreign value at the fence key",
+    );
+    assert_eq!(rw.dump(&[]), planted, "a first take refused left a key");
+    server.cmd(&["DEL", FENCE]);
+
+    // Two permits held, a waiter queued: other counts are refused.
+    let [ta, tb] = take_permits(&rw, ["a", "b"], 2);
+    let rv = permit("v", "v-wait", 2).waiting("rv");
+    rw.assert_busy(&rw.acquire(rv), rw.read_end("a", LEASE), "rv waits");
+    let inboxes = [inbox("v"), inbox("x")];
+    let inboxes = inboxes.each_ref().map(String::as_str);
+    let before = rw.dump(&inboxes);
+    for (bid, what) in [
+        (permit("x", "x-try", 3), "a try for 3"),
+        (permit("x", "x-try-1", 1), "a try for 1"),
+        (
+            permit("x", "x-wait", 3).waiting("rx"),
+            "a waiting attempt for 3",
+        ),
+    ] {
+        let refused = rw.attempt(bid, &fence_arg(true));
+        assert_eq!(
+            refused.error_message(),
+            Some("FLPERMITS 2"),
+            "{what}: {refused:?}"
+        );
+        assert_eq!(rw.dump(&inboxes), before, "{what}: a key changed");
+    }
+
+    // The permits go back (a's to rv), and the semaphore is idle: a tombstone keeping n.
+    assert_eq!(rw.release(READ, "a", ta, "a-release"), vec![1, 0]);
+    let tv = rw.read_token("v");
+    assert!(tv > tb, "rv's token {tv} not above b's {tb}");
+    assert_eq!(rw.release(READ, "b", tb, "b-release"), vec![1, 0]);
+    assert_eq!(rw.release(READ, "v", tv, "v-release"), vec![1, 0]);
+    let tombstone = no_writer(RwHash {
+        f: v(tv),
+        x: v("v-release,b-release,a-release"),
+        q: v(""),
+        s: v(""),
+        n: v(2),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&tombstone, "idle: the tombstone");
+    rw.assert_lasts_the_window("idle: the tombstone");
+
+    // An idle semaphore takes the next take's count.
+    let [tc] = take_permits(&rw, ["c"], 3);
+    rw.assert_hash(
+        &RwHash {
+            f: v(tc),
+            s: lines(&[rw.reader("c", 1, tc, LEASE, "c-take", "-")]),
+            n: v(3),
+            ..tombstone
+        },
+        "c's take under 3 permits",
+    );
+    let before = rw.dump(&[]);
+    let refused = rw.attempt(permit("d", "d-try", 2), &fence_arg(true));
+    assert_eq!(refused.error_message(), Some("FLPERMITS 3"), "{refused:?}");
+    assert_eq!(rw.dump(&[]), before, "the old count's try changed a key");
+
+    // A waiter left queued behind a permit whose lease ran out (the hash outlives it): a call
+    // with another count is refused without granting it; one with the count in force grants
+    // it first and is busy behind it.
+    server.cmd(&["DEL", RW_HOLD]);
+    let ty = rw.acquire(permit("y", "y-take", 1).lease(100))[1];
+    let rz = permit("z", "z-wait", 1).waiting("rz");
+    rw.assert_busy(&rw.acquire(rz), rw.read_end("y", 100), "rz waits");
+    server.cmd(&["PEXPIRE", RW_HOLD, "10000"]);
+    sleep(Duration::from_millis(150));
+    let before = rw.dump(&[&inbox("z")]);
+    let refused = rw.attempt(permit("x", "x-try-2", 2), &fence_arg(true));
+    assert_eq!(refused.error_message(), Some("FLPERMITS 1"), "{refused:?}");
+    assert_eq!(
+        rw.dump(&[&inbox("z")]),
+        before,
+        "the refused call changed a key"
+    );
+    let busy = rw.acquire(permit("x", "x-try-3", 1));
+    let tz = rw.read_token("z");
+    assert!(tz > ty, "rz's token {tz} not above y's {ty}");
+    rw.assert_busy(&busy, rw.read_end("z", WAITER_LEASE), "x behind rz's grant");
+    assert_eq!(
+        rw.inbox_events("z"),
+        [rw_grants(false, &[("rz", WAITER_LEASE, tz)])]
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// A busy attempt on a semaphore is told to look again when the first permit may come free:
+/// its bound counts down to the earliest end of a live read hold, not to the latest one (which
+/// a writer of a read-write lock waits for), and the end of a hold that lapsed (its holder died)
+/// does not count. A waiting attempt gets the same bound.
+#[test]
+fn a_busy_semaphore_attempt_looks_again_at_the_earliest_end_of_a_live_hold() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    // a's permit ends last, b's first; a line whose end passed goes before them.
+    let ta = rw.acquire(permit("a", "a-take", 2).lease(2 * LEASE))[1];
+    let tb = rw.acquire(permit("b", "b-take", 2))[1];
+    let a_line = rw.reader("a", 1, ta, 2 * LEASE, "a-take", "-");
+    let b_line = rw.reader("b", 1, tb, LEASE, "b-take", "-");
+    let (a_end, b_end) = (rw.read_end("a", 2 * LEASE), rw.read_end("b", LEASE));
+    assert!(b_end < a_end, "b's end {b_end} not before a's {a_end}");
+    let lapsed = format!("x 1 {} {} x-take -\n", ta - 1, rw.clock_ms() - 1_000);
+    server.cmd(&["HSET", RW_HOLD, "s", &format!("{lapsed}{a_line}{b_line}")]);
+
+    let busy = rw.acquire(permit("c", "c-try", 2));
+    rw.assert_busy(&busy, b_end, "c's try: b's end, the earliest live one");
+    assert_eq!(busy[2], tb, "c's mark: b's token, the latest");
+    // The try dropped the lapsed line on the way (and wrote the lock without a write hold).
+    let held = RwHash {
+        o: v(""),
+        c: v(0),
+        f: v(tb),
+        q: v(""),
+        e: v(""),
+        s: lines(&[&a_line, &b_line]),
+        n: v(2),
+        ..RwHash::default()
+    };
+    rw.assert_hash(&held, "the lapsed line dropped");
+    rw.assert_lasts_as_its_holds("a's end is the latest");
+    let rc = permit("c", "c-wait", 2).waiting("rc");
+    rw.assert_busy(&rw.acquire(rc), b_end, "c waits");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rw.queued(rc)]),
+            ..held
+        },
+        "c queued",
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// Strict FIFO: a permit may be free while a live waiter is queued (its holder's lease ran out
+/// without a release, which would have granted it on). The next attempt, whoever makes it,
+/// grants the queued waiter that permit first: a newcomer then finds every permit held and is
+/// busy (its try queues nothing, its waiting attempt queues behind), and takes a permit only
+/// when one is left after the queue's turn. The waiter's own attempt is answered with its
+/// grant.
+#[test]
+fn a_free_permit_goes_to_the_queued_waiter_before_a_newcomer() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["c", "d", "u", "v"]);
+    // Two permits: a's, and x's for 100 ms (its holder dies: no release); v waits.
+    let [ta] = take_permits(&rw, ["a"], 2);
+    let a_line = rw.reader("a", 1, ta, LEASE, "a-take", "-");
+    let tx = rw.acquire(permit("x", "x-take", 2).lease(100))[1];
+    let rv = permit("v", "v-wait", 2).waiting("rv");
+    rw.assert_busy(&rw.acquire(rv), rw.read_end("x", 100), "rv waits");
+    sleep(Duration::from_millis(150));
+    assert_eq!(rw.inspect()[..4], [0, 0, 0, 1], "x's permit lapsed");
+
+    // c's try grants rv the free permit, then finds both held: busy, nothing queued.
+    let clock = rw.clock();
+    let busy = rw.acquire(permit("c", "c-try", 2));
+    let tv = rw.read_token("v");
+    assert_drawn(tv, tx, clock, "rv's grant");
+    let v_end = rw.read_end("v", WAITER_LEASE);
+    rw.assert_busy(&busy, v_end, "c's try behind rv's grant");
+    let granted = no_writer(RwHash {
+        f: v(tv),
+        x: v(""),
+        q: v(""),
+        s: lines(&[&a_line, &rw.reader("v", 1, tv, WAITER_LEASE, "rv", "rv")]),
+        n: v(2),
+        ..RwHash::default()
+    });
+    rw.assert_hash(&granted, "rv granted by c's try");
+    assert_eq!(
+        rw.inbox_events("v"),
+        [rw_grants(false, &[("rv", WAITER_LEASE, tv)])]
+    );
+    assert!(rw.inbox_events("c").is_empty(), "c was sent to");
+    let rc = permit("c", "c-wait", 2).waiting("rc");
+    rw.assert_busy(&rw.acquire(rc), v_end, "c queues behind");
+    rw.assert_hash(
+        &RwHash {
+            q: lines(&[rw.queued(rc)]),
+            ..granted
+        },
+        "c queued behind rv's grant",
+    );
+    let answered = rw.acquire(Bid {
+        op: "v-wait-2",
+        ..rv
+    });
+    rw.assert_granted_already(&answered, tv, 1, v_end, "rv's attempt");
+
+    // Three permits, two of which lapse with u queued: d's try grants u first, then takes the
+    // permit left; the next try is busy.
+    server.cmd(&["DEL", RW_HOLD]);
+    let [te] = take_permits(&rw, ["e"], 3);
+    let ty = rw.acquire(permit("y", "y-take", 3).lease(100))[1];
+    let tz = rw.acquire(permit("z", "z-take", 3).lease(100))[1];
+    assert!(tz > ty && ty > te, "tokens {te}, {ty}, {tz}");
+    let ru = permit("u", "u-wait", 3).waiting("ru");
+    rw.assert_busy(&rw.acquire(ru), rw.read_end("y", 100), "ru waits");
+    sleep(Duration::from_millis(150));
+    let clock = rw.clock();
+    let taken = rw.acquire(permit("d", "d-try", 3));
+    let tu = rw.read_token("u");
+    assert_drawn(tu, tz, clock, "ru's grant");
+    assert_eq!((taken.len(), taken[0], taken[2]), (3, 1, 1), "{taken:?}");
+    assert!(taken[1] > tu, "d's token {} not above u's {tu}", taken[1]);
+    let td = taken[1];
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(td),
+            x: v(""),
+            q: v(""),
+            s: lines(&[
+                rw.reader("e", 1, te, LEASE, "e-take", "-"),
+                rw.reader("u", 1, tu, WAITER_LEASE, "ru", "ru"),
+                rw.reader("d", 1, td, LEASE, "d-try", "-"),
+            ]),
+            n: v(3),
+            ..RwHash::default()
+        }),
+        "ru granted, then d's take",
+    );
+    assert_eq!(
+        rw.inbox_events("u"),
+        [rw_grants(false, &[("ru", WAITER_LEASE, tu)])]
+    );
+    assert!(rw.inbox_events("d").is_empty(), "d was sent to");
+    rw.assert_busy(
+        &rw.acquire(permit("f", "f-try", 3)),
+        rw.read_end("u", WAITER_LEASE),
+        "f's try: every permit held",
+    );
+    rw.assert_no_stray_keys();
+}
+
+/// A semaphore waiter that gives up (`rw_leave.lua`) while still queued leaves its line and
+/// nothing is granted (every permit is held); one that a release had granted a permit gives
+/// the permit back (its waiter id joins the freed-by chain), and the permit goes on to the
+/// next in line. The heartbeat counts a granted waiter as in place.
+#[test]
+fn a_semaphore_waiter_that_leaves_passes_its_permit_on() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "c", "d"]);
+    let [ta] = take_permits(&rw, ["a"], 1);
+    let a_line = rw.reader("a", 1, ta, LEASE, "a-take", "-");
+    let rb = permit("b", "b-wait", 1).waiting("rb");
+    let rc = permit("c", "c-wait", 1).waiting("rc");
+    let rd = permit("d", "d-wait", 1).waiting("rd");
+    for bid in [rb, rc, rd] {
+        rw.assert_busy(&rw.acquire(bid), rw.read_end("a", LEASE), bid.waiter);
+    }
+    assert_eq!(rw.leave("rc"), vec![1]);
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(ta),
+            x: v(""),
+            q: lines(&[rw.queued(rb), rw.queued(rd)]),
+            s: lines(&[&a_line]),
+            n: v(1),
+            ..RwHash::default()
+        }),
+        "rc left its line, nothing granted",
+    );
+
+    assert_eq!(rw.release(READ, "a", ta, "a-release"), vec![1, 0]);
+    let tb = rw.read_token("b");
+    assert!(tb > ta, "rb's token {tb} not above a's {ta}");
+    assert_eq!(
+        rw.inbox_events("b"),
+        [rw_grants(true, &[("rb", WAITER_LEASE, tb)])]
+    );
+    assert_eq!(rw.heartbeat(&["rb", "rd"]), vec![1, 1]);
+
+    // rb gives up: its permit goes to rd.
+    let clock = rw.clock();
+    assert_eq!(rw.leave("rb"), vec![1]);
+    let td = rw.read_token("d");
+    assert_drawn(td, tb, clock, "rd's grant");
+    rw.assert_hash(
+        &no_writer(RwHash {
+            f: v(td),
+            x: v("rb,a-release"),
+            q: v(""),
+            s: lines(&[rw.reader("d", 1, td, WAITER_LEASE, "rd", "rd")]),
+            n: v(1),
+            ..RwHash::default()
+        }),
+        "rb's permit passed on to rd",
+    );
+    rw.assert_lasts_as_its_holds("rd's grant");
+    assert_eq!(
+        rw.inbox_events("d"),
+        [rw_grants(false, &[("rd", WAITER_LEASE, td)])]
+    );
+    assert!(rw.inbox_events("c").is_empty(), "c was sent to");
+    assert_eq!(rw.release(READ, "b", tb, "b-release"), vec![0, 0]);
+    rw.assert_no_stray_keys();
 }
