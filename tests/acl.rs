@@ -9,8 +9,9 @@
 //! `the_documented_acl_block_grants_exactly_the_tested_commands` keeps the doc's block and
 //! the list in step, `acl_list_covers_every_script_command` keeps the list in step with `lua/`,
 //! and `acl_user_limited_to_its_prefix_runs_every_lock_kind` proves it sufficient (the server's
-//! `ACL LOG` stays empty while every lock kind acquires, waits, is woken, renews, extends, times
-//! out, force-unlocks and shuts down in both notification modes).
+//! `ACL LOG` stays empty while every lock kind, the latch and the semaphore included, acquires,
+//! waits, is woken, renews, extends, times out, force-unlocks and shuts down in both
+//! notification modes).
 //!
 //! With such a user a client configured for another prefix fails to connect with
 //! [`Error::Permission`] (the `NOPERM` reply to the layout record), and nothing outside the prefix
@@ -58,7 +59,9 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "pttl",
     "publish",
     "sadd",
+    "scard",
     "smembers",
+    "srandmember",
     "time",
     "type",
     "xadd",
@@ -286,6 +289,38 @@ async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
             .await
             .unwrap()
             .expect("wait");
+
+        // A semaphore: a permit of the holder's client; the waiter's client times out waiting
+        // (it queues, its heartbeat vouches for it, it leaves), then waits again and is
+        // granted the permit by its release (an event into its inbox); a force release takes
+        // the granted permit back.
+        let permits = holder.semaphore("acl-sem", 1).expect("semaphore");
+        let permit = bounded("a permit", permits.acquire())
+            .await
+            .expect("permit");
+        let theirs = waiter.semaphore("acl-sem", 1).expect("semaphore");
+        assert!(theirs.try_acquire().await.expect("try").is_none());
+        let timed_out = theirs.acquire_timeout(Duration::from_millis(400));
+        assert!(bounded("a permit", timed_out)
+            .await
+            .expect("wait")
+            .is_none());
+        let queued = waiter.stats().queued_in_redis;
+        let granted = tokio::spawn(async move { theirs.acquire().await });
+        support::eventually("the permit waiter queued", || {
+            waiter.stats().queued_in_redis > queued
+        })
+        .await;
+        permit.unlock().await.expect("release");
+        let granted = bounded("the permit waiter", granted)
+            .await
+            .unwrap()
+            .expect("granted");
+        assert!(permits.force_release().await.expect("force release"));
+        assert!(
+            matches!(granted.unlock().await, Err(Error::NotHeld { .. })),
+            "{mode:?}: the permit was taken back"
+        );
 
         // A hold released by shutdown.
         let kept = bounded("lock", holder.mutex("acl-kept").expect("m").lock())

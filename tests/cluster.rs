@@ -1,5 +1,5 @@
-//! Redis Cluster: a real 3-master / 3-replica cluster on loopback. Every lock type with names
-//! spread over all masters, in both notification modes (sharded Pub/Sub), failover while tasks
+//! Redis Cluster: a real 3-master / 3-replica cluster on loopback. Every lock type (and the
+//! semaphore) with names spread over all masters, in both notification modes (sharded Pub/Sub), failover while tasks
 //! hold and wait, and the opt-in replica acknowledgement.
 
 mod support;
@@ -94,6 +94,36 @@ async fn every_lock_type_works_on_every_master() {
                 .unwrap()
                 .unwrap()
                 .unwrap();
+            // Semaphore: a permit held by one client, a waiter of the other client queued in
+            // Redis and granted the permit by the release (an event into its inbox on the
+            // semaphore's own master; the holder's lease is far longer than the bound).
+            let permit = holder
+                .semaphore(&name, 1)
+                .unwrap()
+                .with_lease(Lease::fixed(Duration::from_secs(300)))
+                .unwrap()
+                .acquire()
+                .await
+                .unwrap();
+            let contender = waiter.semaphore(&name, 1).unwrap();
+            assert!(
+                contender.try_acquire().await.unwrap().is_none(),
+                "{mode:?} {name}: the only permit is held"
+            );
+            let queued = waiter.stats().queued_in_redis;
+            let task =
+                tokio::spawn(async move { contender.acquire().await.map(|g| g.fencing_token()) });
+            while waiter.stats().queued_in_redis == queued {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let token = permit.fencing_token();
+            permit.unlock().await.unwrap();
+            let next = tokio::time::timeout(HANG, task)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert!(next > token, "{mode:?} semaphore {name}");
             // A count-down latch opened by one client wakes a task of the other (its event
             // goes into the waiting client's inbox on the latch's own master).
             let latch = holder.count_down_latch(&name).unwrap();
