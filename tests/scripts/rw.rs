@@ -6,7 +6,10 @@
 //! `f`; a downgrade carries its write hold's); writers queuing behind readers and readers behind
 //! a queued writer; grants to a writer alone and to waves of readers (one event per client);
 //! retries and stale calls; take-overs; lapsed holds and dead waiters; renewal, inspection,
-//! force unlock, leaving and the heartbeat; the hash's ttl.
+//! force unlock, leaving and the heartbeat; the hash's ttl. Semaphores, the read side with a
+//! bound (the permit count `n`, `rw_acquire.lua`'s `ARGV[13]`): waves that stop at the bound,
+//! permits passed on past gone clients and by a waiter that leaves, refused counts, the bound
+//! of a busy attempt, FIFO past a free permit.
 
 use std::thread::sleep;
 use std::time::Duration;
