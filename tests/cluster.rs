@@ -7,7 +7,7 @@ mod support;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use fredlock::{Config, Error, Lease, LockClient, MultiLock, Mutex, NotificationMode};
+use fredlock::{Config, Error, Lease, LockClient, LockKind, MultiLock, Mutex, NotificationMode};
 use support::cluster::RedisCluster;
 use support::{init_tracing, MODES};
 
@@ -151,6 +151,17 @@ async fn every_lock_type_works_on_every_master() {
         for name in &names {
             let other = waiter.mutex(name).unwrap();
             assert!(other.try_lock().await.unwrap().is_none(), "{mode:?} {name}");
+        }
+        // Inspection finds every held member, whichever master has it: `list` scans every
+        // master, `inspect` runs on the lock's own.
+        let listed = waiter.list().await.unwrap();
+        for name in &names {
+            assert!(
+                listed.contains(&(LockKind::Mutex, name.clone())),
+                "{mode:?}: {name} in {listed:?}"
+            );
+            let seen = waiter.inspect(LockKind::Mutex, name).await.unwrap();
+            assert_eq!(seen.held, 1, "{mode:?} {name}");
         }
         guard.unlock().await.unwrap();
         for name in &names {
