@@ -17,8 +17,10 @@
 //! a driver that queues waiters in Redis is told to leave the queue.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -31,7 +33,7 @@ use crate::config::{check_duration, MAX_DURATION};
 use crate::context::BoxFuture;
 use crate::error::{Backoff, Error, Result};
 use crate::lease::{renew_holds, Lease};
-use crate::notify::{Bid, Granted, Registration};
+use crate::notify::{Bid, Granted, HandedOver, Registration};
 use crate::owner::{op_id, Owner};
 
 /// How long an acquisition may wait.
@@ -114,7 +116,42 @@ pub(crate) fn acquire(
 ) -> impl Future<Output = Result<Option<Arc<DriverHold>>>> + Send + 'static {
     let keys = driver.keys();
     let span = tracing::debug_span!("acquire", lock = keys.name(), kind = keys.kind());
-    acquire_replicated(driver, owner, lease, patience).instrument(span)
+    let run = if driver.engine().ctx.config.replica_acks == 0 {
+        Acquire::Plain {
+            run: acquire_loop(driver, owner, lease, patience),
+        }
+    } else {
+        Acquire::Replicated {
+            run: Box::pin(acquire_replicated(driver, owner, lease, patience)),
+        }
+    };
+    run.instrument(span)
+}
+
+pin_project_lite::pin_project! {
+    /// The acquisition's future: the loop itself, or (with replica acknowledgements) the loop
+    /// repeated while a hold is refused for want of them, boxed. An `async fn` choosing between
+    /// the two would keep its own copy of the arguments beside the loop's, for the whole wait.
+    #[project = AcquireProjection]
+    enum Acquire<P, R> {
+        Plain { #[pin] run: P },
+        Replicated { #[pin] run: R },
+    }
+}
+
+impl<P, R, T> Future for Acquire<P, R>
+where
+    P: Future<Output = T>,
+    R: Future<Output = T>,
+{
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match self.project() {
+            AcquireProjection::Plain { run } => run.poll(cx),
+            AcquireProjection::Replicated { run } => run.poll(cx),
+        }
+    }
 }
 
 /// [`acquire_loop`], repeated while a hold is refused for want of replica acknowledgements
@@ -127,9 +164,6 @@ async fn acquire_replicated(
     lease: Lease,
     patience: Patience,
 ) -> Result<Option<Arc<DriverHold>>> {
-    if driver.engine().ctx.config.replica_acks == 0 {
-        return acquire_loop(driver, owner, lease, patience).await;
-    }
     let mut retry = TransientRetry::default();
     loop {
         match Box::pin(acquire_loop(driver.clone(), owner.clone(), lease, patience)).await {
@@ -146,208 +180,250 @@ async fn acquire_replicated(
     }
 }
 
-async fn acquire_loop(
+/// Not an `async fn`, for the same reason as [`acquire`]: an `async fn` moves its arguments
+/// into locals of its own and keeps both copies in its state; the block uses them in place.
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+fn acquire_loop(
     driver: Arc<dyn Driver>,
     owner: Owner,
     lease: Lease,
     patience: Patience,
-) -> Result<Option<Arc<DriverHold>>> {
-    driver.engine().ctx.check_open()?;
-    let waiting = patience != Patience::None;
-    let waiter = driver.waiter_id();
-    let registration = waiting.then(|| {
-        let bid = driver.handover().is_some().then(|| Bid {
-            owner: owner.clone(),
-            lease: lease.initial(),
-            joins_queue: false,
+) -> impl Future<Output = Result<Option<Arc<DriverHold>>>> + Send + 'static {
+    async move {
+        driver.engine().ctx.check_open()?;
+        let waiting = patience != Patience::None;
+        let waiter = driver.waiter_id();
+        let registration = waiting.then(|| {
+            let bid = driver.handover().is_some().then(|| Bid {
+                owner: owner.clone(),
+                lease: lease.initial(),
+                joins_queue: false,
+            });
+            driver
+                .engine()
+                .waiters
+                .register(driver.keys().id(), Some(waiter.clone()), bid)
         });
-        driver
-            .engine()
-            .waiters
-            .register(driver.keys().id(), Some(waiter.clone()), bid)
-    });
-    let _unused = UnusedHandOver {
-        registration: registration.as_ref(),
-        driver: &driver,
-    };
-    let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
-    let mut retry = TransientRetry::default();
-    let mut op = op_id();
-    // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
-    let mut woken = false;
-    // When the last busy attempt was sent, and the holder's token it saw: dates a grant.
-    let mut last_busy: Option<(Instant, u64)> = None;
+        let _unused = UnusedHandOver {
+            registration: registration.as_ref(),
+            driver: &driver,
+        };
+        let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
+        let mut retry = TransientRetry::default();
+        let mut op = op_id();
+        // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
+        let mut woken = false;
+        // When the last busy attempt was sent, and the holder's token it saw: dates a grant.
+        let mut last_busy: Option<(Instant, u64)> = None;
 
-    // The first wait may come before any attempt: after a take-over that found the queue's
-    // turn (it queued this waiter), or behind a hold of this client (see `wait_first`).
-    let mut first_wait = None;
-    if let Some(hold) = cohort::take_parked(&driver, &waiter, &owner, lease) {
-        // A release of this client was deferred, and its hold is handed on without a call.
-        if let Some(registration) = registration.as_ref() {
-            registration.taken();
-        }
-        let ctx = &driver.engine().ctx;
-        ctx.taken_over.fetch_add(1, Ordering::Relaxed);
-        return Ok(Some(hold));
-    }
-    if driver.engine().parked.parked_for(driver.as_ref()) {
-        // A release of this client is deferred for a task that asks right after it: this one.
-        let sent_at = Instant::now();
-        match Box::pin(take_over(&driver, &owner, &waiter, lease, patience)).await {
-            Some(Successor::HandedOver {
-                token,
-                queued: behind,
-            }) => {
-                if let Some(registration) = registration.as_ref() {
-                    registration.taken();
-                }
-                tracing::trace!(token, "took over a deferred release");
-                let ctx = &driver.engine().ctx;
-                ctx.taken_over.fetch_add(1, Ordering::Relaxed);
-                let timing = (sent_at, lease.initial());
-                let source = Source::OwnConnection { queued: behind };
-                let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-                return hold.await.map(Some);
+        // The first wait may come before any attempt: after a take-over that found the queue's
+        // turn (it queued this waiter), or behind a hold of this client (see `wait_first`).
+        let mut first_wait = None;
+        if let Some(hold) = cohort::take_parked(&driver, &waiter, &owner, lease) {
+            // A release of this client was deferred, and its hold is handed on without a call.
+            if let Some(registration) = registration.as_ref() {
+                registration.taken();
             }
-            Some(Successor::Queued { ttl, token }) => {
-                driver.engine().contention.contended(driver.keys().id());
-                last_busy = Some((sent_at, token));
-                queued.joined();
-                let Some(limit) = patience.wait_limit(ttl) else {
-                    queued.leave().await;
-                    return Ok(None);
-                };
-                first_wait = Some(limit);
-            }
-            Some(Successor::Passed) | None => {}
+            let ctx = &driver.engine().ctx;
+            ctx.taken_over.fetch_add(1, Ordering::Relaxed);
+            return Ok(Some(hold));
         }
-    }
-    if first_wait.is_none() && registration.is_some() {
-        first_wait = wait_first(&driver, &owner, patience);
-    }
-
-    loop {
-        let limit = if let Some(limit) = first_wait.take() {
-            limit
-        } else {
+        if driver.engine().parked.parked_for(driver.as_ref()) {
+            // A release of this client is deferred for a task that asks right after it: this one.
             let sent_at = Instant::now();
-            let attempt = attempt(&driver, &owner, &waiter, &op, lease.initial(), waiting).await;
-            match attempt {
-                Ok(Attempt::Acquired { token, lasts }) => {
-                    let lasts = lasts.unwrap_or(lease.initial());
+            match Box::pin(take_over(&driver, &owner, &waiter, lease, patience)).await {
+                Some(Successor::HandedOver {
+                    token,
+                    queued: behind,
+                }) => {
                     if let Some(registration) = registration.as_ref() {
                         registration.taken();
                     }
-                    let hold = take_up(
-                        &driver,
-                        &owner,
-                        token,
-                        lease,
-                        (sent_at, lasts),
-                        Source::OwnScript,
-                        &mut queued,
-                    );
-                    return hold.await.map(Some);
+                    tracing::trace!(token, "took over a deferred release");
+                    let ctx = &driver.engine().ctx;
+                    ctx.taken_over.fetch_add(1, Ordering::Relaxed);
+                    let timing = (sent_at, lease.initial());
+                    let source = Source::OwnConnection { queued: behind };
+                    let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
+                    return Box::pin(hold).await.map(Some);
                 }
-                Ok(Attempt::Busy { ttl, token }) => {
-                    retry.reset();
-                    op = op_id();
-                    last_busy = token.map(|token| (sent_at, token));
-                    if waiting {
-                        queued.joined();
-                    }
-                    let ttl = ttl.unwrap_or(driver.engine().ctx.config.watchdog_lease);
-                    if patience == Patience::None {
-                        return Ok(None);
-                    }
+                Some(Successor::Queued { ttl, token }) => {
+                    driver.engine().contention.contended(driver.keys().id());
+                    last_busy = Some((sent_at, token));
+                    queued.joined();
                     let Some(limit) = patience.wait_limit(ttl) else {
-                        tracing::debug!("gave up waiting");
                         queued.leave().await;
                         return Ok(None);
                     };
-                    limit
+                    first_wait = Some(limit);
                 }
-                // Repeat the same op after a pause: if the failed call was applied after all, the
-                // script answers it instead of applying it again.
-                Err(error) => {
-                    let window = driver.engine().ctx.config.transient_retry;
-                    let Some(pause) = retry.pause_after(&error, window, patience) else {
-                        if waiting && error.is_retryable() {
-                            // The call may have run and queued this waiter before its reply
-                            // was lost: leave the queue on the way out (leaving is answered
-                            // for a waiter that is not there).
+                Some(Successor::Passed) | None => {}
+            }
+        }
+        if first_wait.is_none() && registration.is_some() {
+            first_wait = wait_first(&driver, &owner, patience);
+        }
+
+        loop {
+            let limit = if let Some(limit) = first_wait.take() {
+                limit
+            } else {
+                let sent_at = Instant::now();
+                let attempt = Box::pin(attempt(
+                    &driver,
+                    &owner,
+                    &waiter,
+                    &op,
+                    lease.initial(),
+                    waiting,
+                ))
+                .await;
+                match attempt {
+                    Ok(Attempt::Acquired { token, lasts }) => {
+                        let lasts = lasts.unwrap_or(lease.initial());
+                        if let Some(registration) = registration.as_ref() {
+                            registration.taken();
+                        }
+                        let hold = take_up(
+                            &driver,
+                            &owner,
+                            token,
+                            lease,
+                            (sent_at, lasts),
+                            Source::OwnScript,
+                            &mut queued,
+                        );
+                        return Box::pin(hold).await.map(Some);
+                    }
+                    Ok(Attempt::Busy { ttl, token }) => {
+                        retry.reset();
+                        op = op_id();
+                        last_busy = token.map(|token| (sent_at, token));
+                        if waiting {
                             queued.joined();
                         }
-                        if woken {
-                            // This attempt answered a wakeup and failed: let the next local waiter
-                            // have it instead of sleeping until its lease runs out.
-                            if let Some(registration) = registration.as_ref() {
-                                registration.hand_on_wakeup();
-                            }
+                        let ttl = ttl.unwrap_or(driver.engine().ctx.config.watchdog_lease);
+                        if patience == Patience::None {
+                            return Ok(None);
                         }
-                        return Err(error);
-                    };
-                    tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
-                    driver
-                        .engine()
-                        .ctx
-                        .retried_attempts
-                        .fetch_add(1, Ordering::Relaxed);
-                    pause
+                        let Some(limit) = patience.wait_limit(ttl) else {
+                            tracing::debug!("gave up waiting");
+                            queued.leave().await;
+                            return Ok(None);
+                        };
+                        limit
+                    }
+                    // Repeat the same op after a pause: if the failed call was applied after all, the
+                    // script answers it instead of applying it again.
+                    Err(error) => {
+                        let window = driver.engine().ctx.config.transient_retry;
+                        let Some(pause) = retry.pause_after(&error, window, patience) else {
+                            if waiting && error.is_retryable() {
+                                // The call may have run and queued this waiter before its reply
+                                // was lost: leave the queue on the way out (leaving is answered
+                                // for a waiter that is not there).
+                                queued.joined();
+                            }
+                            if woken {
+                                // This attempt answered a wakeup and failed: let the next local waiter
+                                // have it instead of sleeping until its lease runs out.
+                                if let Some(registration) = registration.as_ref() {
+                                    registration.hand_on_wakeup();
+                                }
+                            }
+                            return Err(error);
+                        };
+                        tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
+                        driver
+                            .engine()
+                            .ctx
+                            .retried_attempts
+                            .fetch_add(1, Ordering::Relaxed);
+                        pause
+                    }
                 }
-            }
-        };
-        let Some(registration) = registration.as_ref() else {
-            return Ok(None);
-        };
-        // Shutdown marks the client closed, then wakes every registered waiter: a waiter that
-        // registered before the check below is woken, one that checks after it sees the mark.
-        driver.engine().ctx.check_open()?;
-        tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
-        woken = registration.wait(limit).await;
-        // A release of this process handed the lock over, or another client's granted it.
-        let ctx = &driver.engine().ctx;
-        let given = if let Some(handed) = registration.handed() {
-            registration.taken();
-            if handed.within.is_some() {
-                // Claimed while its attempt was in flight, which queued it in Redis: its place
-                // goes before anything else of this client reaches the queue.
-                queued.leave().await;
-                if driver.engine().ctx.is_closed() {
-                    // Shutdown releases only what the registry holds.
-                    cohort::release_unused(&driver, &handed).await;
-                    return Err(Error::Shutdown);
-                }
-                ctx.handed_over.fetch_add(1, Ordering::Relaxed);
-                return Ok(cohort::adopt(&driver, &owner, lease, handed));
-            }
-            tracing::trace!(
-                token = handed.token,
-                "handed over by a release of this process"
-            );
-            let timing = (handed.at, lease.initial());
-            let source = Source::OwnConnection {
-                queued: handed.queued,
             };
-            Some((handed.token, timing, source, &ctx.handed_over))
-        } else {
-            registration.granted().and_then(|granted| {
-                let timing = grant_times(last_busy, granted)?;
-                tracing::trace!(token = granted.token, "granted by the release");
-                let source = Source::OtherClient {
-                    queued: granted.queued,
+            let Some(registration) = registration.as_ref() else {
+                return Ok(None);
+            };
+            // Shutdown marks the client closed, then wakes every registered waiter: a waiter that
+            // registered before the check below is woken, one that checks after it sees the mark.
+            driver.engine().ctx.check_open()?;
+            tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
+            woken = registration.wait(limit).await;
+            // A release of this process handed the lock over, or another client's granted it.
+            let ctx = &driver.engine().ctx;
+            // Decided without an `await`, and the hand-over's state moved into a boxed future:
+            // none of it is part of a waiting task's state.
+            let given = {
+                let mut adopted = None;
+                let given = if let Some(handed) = registration.handed() {
+                    registration.taken();
+                    if handed.within.is_some() {
+                        adopted = Some(Box::pin(adopt_without_call(
+                            &driver,
+                            &owner,
+                            lease,
+                            handed,
+                            &mut queued,
+                        )));
+                        None
+                    } else {
+                        tracing::trace!(
+                            token = handed.token,
+                            "handed over by a release of this process"
+                        );
+                        let timing = (handed.at, lease.initial());
+                        let source = Source::OwnConnection {
+                            queued: handed.queued,
+                        };
+                        Some((handed.token, timing, source, &ctx.handed_over))
+                    }
+                } else {
+                    registration.granted().and_then(|granted| {
+                        let timing = grant_times(last_busy, granted)?;
+                        tracing::trace!(token = granted.token, "granted by the release");
+                        let source = Source::OtherClient {
+                            queued: granted.queued,
+                        };
+                        Some((granted.token, timing, source, &ctx.granted))
+                    })
                 };
-                Some((granted.token, timing, source, &ctx.granted))
-            })
-        };
-        if let Some((token, timing, source, counter)) = given {
-            counter.fetch_add(1, Ordering::Relaxed);
-            let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-            return hold.await.map(Some);
+                if let Some(adopted) = adopted {
+                    return adopted.await;
+                }
+                given
+            };
+            if let Some((token, timing, source, counter)) = given {
+                counter.fetch_add(1, Ordering::Relaxed);
+                let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
+                return Box::pin(hold).await.map(Some);
+            }
+            tracing::trace!(woken, "re-checking");
+            driver.engine().ctx.check_open()?;
         }
-        tracing::trace!(woken, "re-checking");
-        driver.engine().ctx.check_open()?;
     }
+}
+
+/// Takes up a hold handed over within this client without a call (`cohort`), claimed while
+/// the acquisition's attempt was in flight, which queued it in Redis: its place goes before
+/// anything else of this client reaches the queue.
+async fn adopt_without_call(
+    driver: &Arc<dyn Driver>,
+    owner: &Owner,
+    lease: Lease,
+    handed: HandedOver,
+    queued: &mut QueuedInRedis,
+) -> Result<Option<Arc<DriverHold>>> {
+    queued.leave().await;
+    if driver.engine().ctx.is_closed() {
+        // Shutdown releases only what the registry holds.
+        cohort::release_unused(driver, &handed).await;
+        return Err(Error::Shutdown);
+    }
+    let ctx = &driver.engine().ctx;
+    ctx.handed_over.fetch_add(1, Ordering::Relaxed);
+    Ok(cohort::adopt(driver, owner, lease, handed))
 }
 
 /// Releases a hold that a release of this process handed to the acquisition (barging mutex)

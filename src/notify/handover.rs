@@ -95,7 +95,9 @@ impl State {
 /// A waiter's hand-over: its [`State`] and the hold a release of this process handed it.
 pub(super) struct Handover {
     state: AtomicU8,
-    handed: OnceLock<HandedOver>,
+    /// Boxed: set only for the waiters a release hands the lock to, and every waiting task
+    /// keeps a `Handover` (see `docs/benchmarks.md`, S4).
+    handed: OnceLock<Box<HandedOver>>,
 }
 
 impl Handover {
@@ -202,7 +204,7 @@ impl Claim {
     /// meanwhile; then the caller must release the hold it was handed.
     pub(crate) fn deliver(self, handed: HandedOver) -> bool {
         let within = handed.within.is_some();
-        let _ = self.waiter.handover.handed.set(handed);
+        let _ = self.waiter.handover.handed.set(Box::new(handed));
         match self.waiter.handover.transition(State::Claimed, State::Done) {
             Ok(()) => {
                 self.waiter.wake(WOKEN);
@@ -235,7 +237,10 @@ impl Registration {
     pub(crate) fn handed(&self) -> Option<HandedOver> {
         let handover = &self.waiter.handover;
         if State::from_u8(handover.state.load(Ordering::Acquire)) == State::Done {
-            handover.handed.get().cloned()
+            handover
+                .handed
+                .get()
+                .map(|handed| HandedOver::clone(handed))
         } else {
             None
         }
@@ -268,7 +273,10 @@ impl Registration {
             })
             .map(State::from_u8);
         match previous {
-            Ok(State::Done) => handover.handed.get().cloned(),
+            Ok(State::Done) => handover
+                .handed
+                .get()
+                .map(|handed| HandedOver::clone(handed)),
             _ => None,
         }
     }
