@@ -33,7 +33,7 @@ use crate::engine::{Core, Engine};
 use crate::error::{Error, Result};
 use crate::keys::Keyspace;
 use crate::layout::{recorded_layout, Layout};
-use crate::lock::inspect::{self, LockKind, LockReport};
+use crate::lock::inspect::{self, Inspector, LockKind, LockReport};
 use crate::lock::latch::CountDownLatch;
 use crate::lock::mutex::{FairMutex, Mutex};
 use crate::lock::redlock::Redlock;
@@ -165,6 +165,80 @@ async fn init_client(client: &Client, config: &Config) -> Result<()> {
     }
 }
 
+/// A command connection to `config.url`, with `config`'s shard count and notification mode
+/// replaced by those recorded under its key prefix (see [`LockClient::connect_as_recorded`]):
+/// one `GET`, nothing written. The connection is closed again on every failure.
+async fn recorded_connection(config: &mut Config) -> Result<Client> {
+    config.validate()?;
+    let fred_config = FredConfig::from_url(&config.url)
+        .map_err(|err| Error::InvalidConfig(format!("bad url {}: {err}", config.redacted_url())))?;
+    let (perf, connection, policy) = fred_parts(config, 32);
+    let command = Client::new(fred_config, Some(perf), Some(connection), Some(policy));
+    init_client(&command, config).await?;
+    match adopt_recorded_layout(&command, config).await {
+        Ok(()) => Ok(command),
+        Err(err) => {
+            let _ = command.quit().await;
+            Err(err)
+        }
+    }
+}
+
+/// Reads the layout record under `config.key_prefix` and applies it to `config` (validated
+/// again: a record is data, and a damaged one must not open thousands of connections).
+async fn adopt_recorded_layout(command: &Client, config: &mut Config) -> Result<()> {
+    let key = Keyspace::new(&config.key_prefix, 1, command.is_clustered()).layout();
+    let recorded: Option<String> = command
+        .get(key.as_str())
+        .await
+        .map_err(|err| Error::from_redis(err, "(layout)", &key))?;
+    let Some(text) = recorded else {
+        return Err(Error::NoLayout(config.key_prefix.clone()));
+    };
+    let Some((shards, notification)) = recorded_layout(&text) else {
+        let ours = Layout::new(
+            config,
+            &Keyspace::new(&config.key_prefix, config.shards, false),
+        );
+        return Err(Error::LayoutMismatch {
+            prefix: config.key_prefix.clone(),
+            server: text,
+            ours: ours.text().to_owned(),
+        });
+    };
+    config.shards = shards;
+    config.notification = notification;
+    config.validate()
+}
+
+impl Inspector {
+    /// Connects to `config.url` with one command connection and takes the layout recorded
+    /// under `config.key_prefix` (see [`LockClient::connect_as_recorded`]); nothing else is
+    /// started and nothing is written. Fails with [`Error::NoLayout`] when no client has used
+    /// the prefix on this server.
+    pub async fn connect(mut config: Config) -> Result<Inspector> {
+        let command = recorded_connection(&mut config).await?;
+        let clustered = command.is_clustered();
+        let keyspace = Keyspace::new(&config.key_prefix, config.shards, clustered);
+        let layout = Layout::new(&config, &keyspace);
+        let sharded_pubsub = clustered && command.server_version().map_or(true, |v| v.major >= 7);
+        let nomkstream = command
+            .server_version()
+            .is_some_and(|v| (v.major, v.minor) >= (6, 2));
+        let ctx = Context::new(
+            command,
+            config,
+            keyspace,
+            layout,
+            sharded_pubsub,
+            nomkstream,
+            // No inbox: an inspector never waits.
+            "".into(),
+        );
+        Ok(Inspector { ctx })
+    }
+}
+
 impl LockClient {
     /// Connects to `config.url` and starts the notifier, watchdog and release worker.
     ///
@@ -184,36 +258,13 @@ impl LockClient {
 
     /// Connects like [`connect`](LockClient::connect), but with the shard count and the
     /// notification mode recorded in Redis under `config.key_prefix` by the clients that use
-    /// it, whatever `config` says: for tools that inspect other processes' locks (the
-    /// `fredlock` command). Fails with [`Error::NoLayout`] when nothing is recorded there (no
-    /// client ever used the prefix on this server), without recording anything.
+    /// it, whatever `config` says: for tools that act on other processes' locks (the
+    /// `fredlock force-unlock` command). Like any client it keeps the record and its own marker
+    /// key; to only read, use an [`Inspector`]. Fails with [`Error::NoLayout`] when nothing is
+    /// recorded there, and with [`Error::LayoutMismatch`] when the record is not one this
+    /// version reads.
     pub async fn connect_as_recorded(mut config: Config) -> Result<LockClient> {
-        config.validate()?;
-        let fred_config = FredConfig::from_url(&config.url).map_err(|err| {
-            Error::InvalidConfig(format!("bad url {}: {err}", config.redacted_url()))
-        })?;
-        let (perf, connection, policy) = fred_parts(&config, 32);
-        let command = Client::new(fred_config, Some(perf), Some(connection), Some(policy));
-        init_client(&command, &config).await?;
-        let key = Keyspace::new(&config.key_prefix, 1, command.is_clustered()).layout();
-        let recorded: Result<Option<String>> = command
-            .get(key.as_str())
-            .await
-            .map_err(|err| Error::from_redis(err, "(layout)", &key));
-        let layout = match recorded {
-            Ok(Some(text)) => recorded_layout(&text),
-            Ok(None) => None,
-            Err(err) => {
-                let _ = command.quit().await;
-                return Err(err);
-            }
-        };
-        let Some((shards, notification)) = layout else {
-            let _ = command.quit().await;
-            return Err(Error::NoLayout(config.key_prefix));
-        };
-        config.shards = shards;
-        config.notification = notification;
+        let command = recorded_connection(&mut config).await?;
         Self::start(command, true, config).await
     }
 
@@ -349,14 +400,14 @@ impl LockClient {
     /// One lock's holders and waiters, read in one atomic call without changing anything
     /// (see [`LockReport`]).
     pub async fn inspect(&self, kind: LockKind, name: &str) -> Result<LockReport> {
-        inspect::inspect(&self.engine, kind, name).await
+        inspect::inspect(&self.engine.ctx, kind, name).await
     }
 
     /// Every lock under this client's key prefix that has state in Redis, by kind and name,
     /// sorted. It `SCAN`s the whole keyspace (every master of a cluster): an operator's tool,
     /// not for a hot path.
     pub async fn list(&self) -> Result<Vec<(LockKind, String)>> {
-        inspect::list(&self.engine).await
+        inspect::list(&self.engine.ctx).await
     }
 
     /// The configuration in use.

@@ -66,6 +66,11 @@ impl Layout {
     }
 
     /// The record's key, `{P:layout}`.
+    /// The record this client writes (and expects) under the prefix.
+    pub(crate) fn text(&self) -> &str {
+        &self.ours
+    }
+
     pub(crate) fn key(&self) -> &str {
         &self.key
     }

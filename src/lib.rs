@@ -87,7 +87,7 @@ pub use error::{Error, NotHeldReason, Result};
 pub use keys::MAX_NAME_LEN;
 pub use lease::{Lease, LostCause};
 pub use lock::guard::{FairMutexGuard, LockGuard, MutexGuard, PermitGuard, ReadGuard, WriteGuard};
-pub use lock::inspect::{HoldSide, Holder, LockKind, LockReport, Waiter, INSPECT_LIMIT};
+pub use lock::inspect::{HoldSide, Holder, Inspector, LockKind, LockReport, Waiter, INSPECT_LIMIT};
 pub use lock::latch::CountDownLatch;
 pub use lock::multi::{MultiLock, MultiLockGuard, MultiMember};
 pub use lock::mutex::{FairMutex, Mutex};

@@ -6,7 +6,7 @@ mod support;
 use std::process::Output;
 
 use fredlock::{Error, NotHeldReason, NotificationMode, Owner};
-use support::{config, connect, shutdown, RedisServer};
+use support::{config, connect, mutex_keys, shutdown, RedisServer};
 
 /// Runs the tool with `args` against `server` (off the runtime's threads: it blocks).
 async fn fredlock(server: &RedisServer, args: &[&str]) -> Output {
@@ -90,8 +90,61 @@ async fn the_tool_lists_shows_and_frees_locks() {
     let again = stdout(&fredlock(&server, &["force-unlock", "mutex", "orders"]).await);
     assert!(again.contains("was not held"), "{again}");
 
+    let freed = stdout(&fredlock(&server, &["--json", "force-unlock", "sem", "pool"]).await);
+    let freed: serde_json::Value = serde_json::from_str(&freed).unwrap();
+    assert_eq!(freed["freed"], true, "{freed}");
+
     let refused = fredlock(&server, &["show", "lock", "orders"]).await;
     assert_eq!(refused.status.code(), Some(2), "an unknown kind");
+    assert!(permit.unlock().await.is_err(), "the permit was taken back");
+    shutdown(&service).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_write_nothing_and_list_goes_on_past_a_foreign_key() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let service = connect(config(&server, "cli", NotificationMode::Stream)).await;
+    let guard = service.mutex("a").unwrap().lock().await.unwrap();
+    let permit = service.semaphore("b", 2).unwrap().acquire().await.unwrap();
+    // A foreign value where a lock of the prefix would live.
+    let foreign = mutex_keys("cli", 16, "zz").hold;
+    server.cmd(&["SET", &foreign, "not a lock"]);
+    let before = snapshot_all(&server);
+
+    let listed = fredlock(&server, &["list"]).await;
+    assert_eq!(listed.status.code(), Some(1), "one lock could not be read");
+    let text = String::from_utf8_lossy(&listed.stdout);
+    for name in ["  a", "  b", "  zz  ("] {
+        assert!(text.contains(name), "{name:?} in {text}");
+    }
+    let json = fredlock(&server, &["--json", "list"]).await;
+    let entries: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let entries = entries.as_array().unwrap();
+    assert_eq!(entries.len(), 3, "{entries:?}");
+    assert!(entries
+        .iter()
+        .any(|e| e["name"] == "zz" && e["error"].is_string()));
+    assert!(entries.iter().any(|e| e["name"] == "a" && e["held"] == 1));
+    stdout(&fredlock(&server, &["show", "sem", "b"]).await);
+    assert_eq!(snapshot_all(&server), before, "list and show wrote nothing");
+
+    guard.unlock().await.unwrap();
     permit.unlock().await.unwrap();
     shutdown(&service).await;
+}
+
+/// Every key of the server, with its type (the values of lock keys change with time: a
+/// lease's end, not a tool's write).
+fn snapshot_all(server: &RedisServer) -> Vec<(String, String)> {
+    let mut keys: Vec<(String, String)> = server
+        .keys("*")
+        .into_iter()
+        .map(|key| {
+            let kind = server.cmd(&["TYPE", &key]).as_str().unwrap_or_default();
+            (key, kind)
+        })
+        .collect();
+    keys.sort();
+    keys
 }

@@ -4,8 +4,10 @@
 
 mod support;
 
-use fredlock::{Error, HoldSide, LockClient, LockKind, LockReport, Owner};
-use support::{config, connect, eventually, in_both_modes, shutdown, RedisServer, MODES};
+use fredlock::{Error, HoldSide, Inspector, LockClient, LockKind, LockReport, Owner};
+use support::{
+    config, connect, eventually, in_both_modes, layout_key, shutdown, RedisServer, MODES,
+};
 
 /// Spawns `acquire` on a task and returns once `locks` shows it waiting (locally or in Redis).
 async fn waiting<F>(locks: &LockClient, acquire: F) -> tokio::task::JoinHandle<()>
@@ -169,6 +171,20 @@ async fn a_tool_connects_with_the_recorded_layout() {
         let seen = tool.inspect(LockKind::Mutex, "orders").await.unwrap();
         assert_eq!(seen.holders[0].fencing_token, guard.fencing_token());
         shutdown(&tool).await;
+
+        // The read-only inspector: the same answers over one connection.
+        let inspector = Inspector::connect(config(&server, &prefix, MODES[0]))
+            .await
+            .unwrap();
+        assert_eq!(inspector.config().shards, 4);
+        assert_eq!(inspector.config().notification, mode);
+        assert_eq!(
+            inspector.list().await.unwrap(),
+            vec![(LockKind::Mutex, "orders".to_owned())]
+        );
+        let seen = inspector.inspect(LockKind::Mutex, "orders").await.unwrap();
+        assert_eq!(seen.holders[0].fencing_token, guard.fencing_token());
+        inspector.close().await.unwrap();
         guard.unlock().await.unwrap();
         shutdown(&service).await;
     }
@@ -176,4 +192,26 @@ async fn a_tool_connects_with_the_recorded_layout() {
         Err(Error::NoLayout(prefix)) => assert_eq!(prefix, "nobody-here"),
         other => panic!("an unused prefix: {other:?}"),
     }
+    match Inspector::connect(config(&server, "nobody-here", MODES[0])).await {
+        Err(Error::NoLayout(_)) => {}
+        other => panic!("an unused prefix: {other:?}"),
+    }
+    // A record this version cannot read (another version's, or damaged) is refused.
+    server.cmd(&[
+        "SET",
+        &layout_key("damaged"),
+        "v10 shards=60000 notification=stream",
+    ]);
+    server.cmd(&[
+        "SET",
+        &layout_key("older"),
+        "v9 shards=16 notification=stream",
+    ]);
+    for prefix in ["damaged", "older"] {
+        match Inspector::connect(config(&server, prefix, MODES[0])).await {
+            Err(Error::LayoutMismatch { .. } | Error::InvalidConfig(_)) => {}
+            other => panic!("{prefix}: {other:?}"),
+        }
+    }
+    assert!(server.keys("*nobody-here*").is_empty(), "nothing recorded");
 }

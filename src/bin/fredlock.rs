@@ -6,16 +6,18 @@
 //! fredlock [--url URL] [--prefix PREFIX] force-unlock KIND NAME
 //! ```
 //!
-//! KIND is `mutex`, `fair`, `rw`, `sem` or `latch`. The tool connects with the layout the
-//! services recorded under the prefix (`LockClient::connect_as_recorded`), so it needs neither
-//! their shard count nor their notification mode, and it never records a layout of its own.
-//! `list` and `show` only read; `force-unlock` takes every hold of the lock back (a latch: opens
-//! it) and wakes its waiters, as the handles' `force_unlock` does. Exit status: 0 done, 1 a
-//! Redis or lock error, 2 bad arguments.
+//! KIND is `mutex`, `fair`, `rw`, `sem` or `latch`. The tool takes the layout the services
+//! recorded under the prefix, so it needs neither their shard count nor their notification
+//! mode. `list` and `show` only read, over one connection (an `Inspector`: no layout record,
+//! marker key or notifier of its own); `list` reports a lock it cannot read and goes on.
+//! `force-unlock` connects as a client (`LockClient::connect_as_recorded`) and takes every hold
+//! of the lock back (a latch: opens it) and wakes its waiters, as the handles' `force_unlock`
+//! does. Exit status: 0 done, 1 a Redis or lock error (`list`: any lock), 2 bad arguments.
 
+use std::io::Write;
 use std::process::ExitCode;
 
-use fredlock::{Config, HoldSide, LockClient, LockKind, LockReport};
+use fredlock::{Config, HoldSide, Inspector, LockClient, LockKind, LockReport};
 
 const USAGE: &str = "\
 usage: fredlock [--url URL] [--prefix PREFIX] [--json] COMMAND
@@ -29,8 +31,9 @@ KIND: mutex, fair, rw, sem, latch
 options:
   --url URL        the Redis URL (default: $REDIS_URL, else redis://127.0.0.1:6379)
   --prefix PREFIX  the key prefix the services use (default: fredlock)
-  --json           print JSON (list, show)
-  -h, --help       this text";
+  --json           print JSON
+  -h, --help       this text
+A NAME that starts with '-' goes after '--': fredlock show mutex -- -name";
 
 /// What the command line asks for.
 struct Args {
@@ -129,52 +132,121 @@ async fn run(args: Args) -> Result<(), String> {
     if let Some(prefix) = args.prefix {
         config.key_prefix = prefix;
     }
-    let locks = LockClient::connect_as_recorded(config)
-        .await
-        .map_err(|err| err.to_string())?;
-    let done = command(&locks, &args.command, args.json).await;
-    let closed = locks.shutdown().await.map_err(|err| err.to_string());
-    done.and(closed)
+    let failed = |err: fredlock::Error| err.to_string();
+    let mut out = String::new();
+    let done = match &args.command {
+        Command::ForceUnlock(kind, name) => {
+            let locks = LockClient::connect_as_recorded(config)
+                .await
+                .map_err(failed)?;
+            let done = force_unlock(&locks, *kind, name).await.map_err(failed);
+            let closed = locks.shutdown().await.map_err(failed);
+            let freed = done.and_then(|freed| closed.map(|()| freed))?;
+            if args.json {
+                let report = serde_json::json!({"kind": kind, "name": name, "freed": freed});
+                out = json(&report)?;
+            } else {
+                let what = if freed { "freed" } else { "was not held" };
+                out = format!("{kind} {name:?} {what}\n");
+            }
+            Ok(())
+        }
+        Command::List | Command::Show(..) => {
+            let inspector = Inspector::connect(config).await.map_err(failed)?;
+            let done = read(&inspector, &args.command, args.json, &mut out).await;
+            let closed = inspector.close().await.map_err(failed);
+            done.and(closed)
+        }
+    };
+    // Whatever was gathered is printed, also before an error (`list` goes on past a lock it
+    // cannot read); a closed pipe (`fredlock list | head`) is not an error.
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush());
+    done
 }
 
-async fn command(locks: &LockClient, command: &Command, json: bool) -> Result<(), String> {
-    let failed = |err: fredlock::Error| err.to_string();
+/// `list` and `show`: what they print goes into `out`.
+async fn read(
+    inspector: &Inspector,
+    command: &Command,
+    json_out: bool,
+    out: &mut String,
+) -> Result<(), String> {
     match command {
-        Command::List => {
-            let mut reports = Vec::new();
-            for (kind, name) in locks.list().await.map_err(failed)? {
-                reports.push(locks.inspect(kind, &name).await.map_err(failed)?);
-            }
-            if json {
-                print_json(&reports)?;
-            } else {
-                println!("{:<6} {:>5} {:>7}  NAME", "KIND", "HELD", "QUEUED");
-                for report in &reports {
-                    println!(
-                        "{:<6} {:>5} {:>7}  {}",
-                        report.kind.as_str(),
-                        report.held,
-                        report.queued,
-                        report.name
-                    );
-                }
-            }
-        }
         Command::Show(kind, name) => {
-            let report = locks.inspect(*kind, name).await.map_err(failed)?;
-            if json {
-                print_json(&report)?;
+            let report = inspector
+                .inspect(*kind, name)
+                .await
+                .map_err(|err| err.to_string())?;
+            *out = if json_out {
+                json(&report)?
             } else {
-                print!("{}", shown(&report));
-            }
+                shown(&report)
+            };
+            Ok(())
         }
-        Command::ForceUnlock(kind, name) => {
-            let removed = force_unlock(locks, *kind, name).await.map_err(failed)?;
-            let what = if removed { "freed" } else { "was not held" };
-            println!("{kind} {name:?} {what}");
+        _ => {
+            let names = inspector.list().await.map_err(|err| err.to_string())?;
+            let mut rows = Vec::new();
+            let mut unreadable = 0;
+            for (kind, name) in names {
+                let report = inspector.inspect(kind, &name).await;
+                unreadable += usize::from(report.is_err());
+                rows.push((kind, name, report));
+            }
+            *out = if json_out {
+                listed_json(&rows)?
+            } else {
+                listed(&rows)
+            };
+            match unreadable {
+                0 => Ok(()),
+                n => Err(format!("{n} lock(s) could not be read")),
+            }
         }
     }
-    Ok(())
+}
+
+type Row = (LockKind, String, fredlock::Result<LockReport>);
+
+/// `list` as a table: a lock that could not be read shows its error.
+fn listed(rows: &[Row]) -> String {
+    let mut out = format!("{:<6} {:>5} {:>7}  NAME\n", "KIND", "HELD", "QUEUED");
+    for (kind, name, report) in rows {
+        // Names may hold any character: escaped, so that each lock stays on one line.
+        let name = name.escape_debug();
+        match report {
+            Ok(report) => out.push_str(&format!(
+                "{:<6} {:>5} {:>7}  {name}\n",
+                kind.as_str(),
+                report.held,
+                report.queued
+            )),
+            Err(err) => out.push_str(&format!(
+                "{:<6} {:>5} {:>7}  {name}  ({err})\n",
+                kind.as_str(),
+                "?",
+                "?"
+            )),
+        }
+    }
+    out
+}
+
+/// `list` as JSON: the reports, and an entry with the error for a lock that could not be read.
+fn listed_json(rows: &[Row]) -> Result<String, String> {
+    let entries: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(kind, name, report)| match report {
+            Ok(report) => serde_json::to_value(report).map_err(|err| err.to_string()),
+            Err(err) => {
+                Ok(serde_json::json!({"kind": kind, "name": name, "error": err.to_string()}))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    json(&entries)
 }
 
 async fn force_unlock(locks: &LockClient, kind: LockKind, name: &str) -> fredlock::Result<bool> {
@@ -193,10 +265,10 @@ async fn force_unlock(locks: &LockClient, kind: LockKind, name: &str) -> fredloc
     }
 }
 
-fn print_json<T: serde::Serialize>(value: &T) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(value).map_err(|err| err.to_string())?;
-    println!("{text}");
-    Ok(())
+fn json<T: serde::Serialize>(value: &T) -> Result<String, String> {
+    serde_json::to_string_pretty(value)
+        .map(|text| text + "\n")
+        .map_err(|err| err.to_string())
 }
 
 /// A report as text, one line per fact, then a table of holders and one of waiters.

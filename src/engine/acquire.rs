@@ -358,17 +358,18 @@ fn acquire_loop(
             let given = {
                 let mut adopted = None;
                 let given = if let Some(handed) = registration.handed() {
-                    registration.taken();
                     if handed.within.is_some() {
                         adopted = Some(Box::pin(adopt_without_call(
                             &driver,
                             &owner,
                             lease,
                             handed,
+                            registration,
                             &mut queued,
                         )));
                         None
                     } else {
+                        registration.taken();
                         tracing::trace!(
                             token = handed.token,
                             "handed over by a release of this process"
@@ -413,9 +414,13 @@ async fn adopt_without_call(
     owner: &Owner,
     lease: Lease,
     handed: HandedOver,
+    registration: &Registration,
     queued: &mut QueuedInRedis,
 ) -> Result<Option<Arc<DriverHold>>> {
     queued.leave().await;
+    // Taken only now: an acquisition dropped while it left the queue still gives the hold
+    // back (`UnusedHandOver`).
+    registration.taken();
     if driver.engine().ctx.is_closed() {
         // Shutdown releases only what the registry holds.
         cohort::release_unused(driver, &handed).await;

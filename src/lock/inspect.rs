@@ -1,22 +1,25 @@
 //! Inspection: who holds what, and who waits, read from Redis without changing anything.
 //!
 //! Operators need to answer "why is this lock stuck?" without attaching a debugger to every
-//! service: [`LockClient::inspect`](crate::LockClient::inspect) reads one lock's holders (owner
-//! ids, hold counts, fencing tokens, leases left) and its wait queue in one atomic script call
-//! (`lua/hold_describe.lua`, `lua/rw_describe.lua`; a latch's count and waiting clients by
-//! plain reads), and [`LockClient::list`](crate::LockClient::list) finds every lock under the
-//! client's key prefix with `SCAN` on every master. The `fredlock` command-line tool is a thin
-//! shell over both.
+//! service: `inspect` reads one lock's holders (owner ids, hold counts, fencing tokens, leases
+//! left) and its wait queue in one atomic script call that changes nothing
+//! (`lua/hold_describe.lua`, `lua/rw_describe.lua`, `lua/latch_describe.lua`), and `list` finds
+//! every lock under the key prefix with `SCAN` on every master. A [`LockClient`] offers both to
+//! a service; an [`Inspector`] offers them to a tool, over one connection that never writes
+//! (no layout record, no marker key, no notifier): the `fredlock` command's `list` and `show`.
+//!
+//! [`LockClient`]: crate::LockClient
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
-use fred::interfaces::{ClientLike, KeysInterface};
+use fred::interfaces::{ClientLike, ClusterInterface, KeysInterface};
 use fred::types::Value;
 use serde::{Serialize, Serializer};
 
-use crate::engine::Engine;
+use crate::config::Config;
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::scripts::{Key, Script, ScriptKeys, SCRIPTS};
@@ -100,7 +103,9 @@ pub struct Holder {
     pub side: HoldSide,
     /// Re-entry depth.
     pub hold_count: u64,
-    /// The hold's fencing token.
+    /// The hold's fencing token in Redis. A barging [`Mutex`](crate::Mutex) may pass its hold
+    /// between tasks of one client without a call (`Config::local_handover`): the holder is
+    /// then that client's task with a token above this one, under the same owner id shown.
     pub fencing_token: u64,
     /// Time until its lease ends, unless the watchdog renews it first (in JSON: `remaining_ms`).
     #[serde(rename = "remaining_ms", serialize_with = "as_ms")]
@@ -177,23 +182,66 @@ impl LockReport {
     }
 }
 
+/// A read-only view of the locks under one key prefix, for tools: [`Inspector::inspect`] and
+/// [`Inspector::list`] as on a [`LockClient`](crate::LockClient), over one command connection
+/// and nothing else. It takes the shard count and notification mode that the services recorded
+/// under the prefix, and never writes to Redis. Made by [`Inspector::connect`].
+pub struct Inspector {
+    pub(crate) ctx: Context,
+}
+
+impl Inspector {
+    /// One lock's holders and waiters, read in one atomic call (see [`LockReport`]).
+    pub async fn inspect(&self, kind: LockKind, name: &str) -> Result<LockReport> {
+        inspect(&self.ctx, kind, name).await
+    }
+
+    /// Every lock under the prefix that has state in Redis, by kind and name, sorted (`SCAN`
+    /// on every master).
+    pub async fn list(&self) -> Result<Vec<(LockKind, String)>> {
+        list(&self.ctx).await
+    }
+
+    /// The configuration in use, with the recorded layout.
+    pub fn config(&self) -> &Config {
+        &self.ctx.config
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) -> Result<()> {
+        use fred::interfaces::ClientLike as _;
+        self.ctx
+            .redis
+            .quit()
+            .await
+            .map_err(|err| Error::from_redis(err, "(close)", ""))
+    }
+}
+
+impl fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inspector")
+            .field("prefix", &self.ctx.config.key_prefix)
+            .finish()
+    }
+}
+
 /// Reads one lock (see [`LockReport`]).
-pub(crate) async fn inspect(engine: &Engine, kind: LockKind, name: &str) -> Result<LockReport> {
-    let keys = engine.ctx.keyspace.lock(kind.as_str(), name)?;
+pub(crate) async fn inspect(ctx: &Context, kind: LockKind, name: &str) -> Result<LockReport> {
+    let keys = ctx.keyspace.lock(kind.as_str(), name)?;
     let mut report = LockReport::new(kind, name);
     match kind {
-        LockKind::Mutex | LockKind::FairMutex => describe_hold(engine, &keys, &mut report).await?,
-        LockKind::RwLock | LockKind::Semaphore => describe_rw(engine, &keys, &mut report).await?,
-        LockKind::Latch => describe_latch(engine, &keys, &mut report).await?,
+        LockKind::Mutex | LockKind::FairMutex => describe_hold(ctx, &keys, &mut report).await?,
+        LockKind::RwLock | LockKind::Semaphore => describe_rw(ctx, &keys, &mut report).await?,
+        LockKind::Latch => describe_latch(ctx, &keys, &mut report).await?,
     }
     Ok(report)
 }
 
-async fn describe(engine: &Engine, keys: &LockKeys, script: &Script, last: Key) -> Result<Reply> {
+async fn describe(ctx: &Context, keys: &LockKeys, script: &Script, last: Key) -> Result<Reply> {
     let limit = Value::from(INSPECT_LIMIT as i64);
     let script_keys = ScriptKeys::new(keys).through(last);
-    let value = engine
-        .ctx
+    let value = ctx
         .run(script, keys.name(), script_keys, vec![limit])
         .await?;
     match value {
@@ -209,8 +257,8 @@ async fn describe(engine: &Engine, keys: &LockKeys, script: &Script, last: Key) 
 }
 
 /// `lua/hold_describe.lua`.
-async fn describe_hold(engine: &Engine, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
-    let mut reply = describe(engine, keys, &SCRIPTS.hold_describe, Key::Queue).await?;
+async fn describe_hold(ctx: &Context, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
+    let mut reply = describe(ctx, keys, &SCRIPTS.hold_describe, Key::Queue).await?;
     let owner = reply.text()?;
     let hold_count = reply.number()?;
     report.last_token = reply.token()?;
@@ -245,8 +293,8 @@ async fn describe_hold(engine: &Engine, keys: &LockKeys, report: &mut LockReport
 }
 
 /// `lua/rw_describe.lua`.
-async fn describe_rw(engine: &Engine, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
-    let mut reply = describe(engine, keys, &SCRIPTS.rw_describe, Key::Hold).await?;
+async fn describe_rw(ctx: &Context, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
+    let mut reply = describe(ctx, keys, &SCRIPTS.rw_describe, Key::Hold).await?;
     let writer = reply.text()?;
     let write_count = reply.number()?;
     report.last_token = reply.token()?;
@@ -287,8 +335,8 @@ async fn describe_rw(engine: &Engine, keys: &LockKeys, report: &mut LockReport) 
 }
 
 /// `lua/latch_describe.lua`: a latch has no holders, and lists its waiting clients.
-async fn describe_latch(engine: &Engine, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
-    let mut reply = describe(engine, keys, &SCRIPTS.latch_describe, Key::Queue).await?;
+async fn describe_latch(ctx: &Context, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
+    let mut reply = describe(ctx, keys, &SCRIPTS.latch_describe, Key::Queue).await?;
     report.count = Some(reply.number()?);
     report.queued = reply.number()?;
     while !reply.is_done() {
@@ -370,13 +418,25 @@ impl Reply {
 /// queue or a count), by kind and name, sorted. `SCAN` on every master (a cluster) or on the
 /// one server: it reads the whole keyspace in pages, so run it as an operator's tool, not on a
 /// hot path.
-pub(crate) async fn list(engine: &Engine) -> Result<Vec<(LockKind, String)>> {
-    let redis = &engine.ctx.redis;
-    let prefix = &engine.ctx.config.key_prefix;
+pub(crate) async fn list(ctx: &Context) -> Result<Vec<(LockKind, String)>> {
+    let redis = &ctx.redis;
+    let prefix = &ctx.config.key_prefix;
     let pattern = format!("{{{}:*", glob_escaped(prefix));
     let mut found = BTreeSet::new();
     if redis.is_clustered() {
-        for server in redis.active_connections() {
+        // Every master of the slot map, reachable or not: one that cannot be scanned fails
+        // the listing rather than leaving its locks out.
+        let masters = redis
+            .cached_cluster_state()
+            .map(|state| state.unique_primary_nodes())
+            .unwrap_or_default();
+        if masters.is_empty() {
+            return Err(Error::Protocol {
+                script: "SCAN",
+                detail: "no cluster slot map".into(),
+            });
+        }
+        for server in masters {
             let node = redis.with_cluster_node(server);
             scan_into(&node, &pattern, prefix, &mut found).await?;
         }
