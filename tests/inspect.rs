@@ -4,9 +4,13 @@
 
 mod support;
 
-use fredlock::{Error, HoldSide, Inspector, LockClient, LockKind, LockReport, Owner};
+use fred::interfaces::KeysInterface;
+use fredlock::{
+    Error, HoldSide, Inspector, LockClient, LockKind, LockReport, Owner, INSPECT_LIMIT,
+};
 use support::{
-    config, connect, eventually, in_both_modes, layout_key, shutdown, RedisServer, MODES,
+    config, connect, eventually, in_both_modes, layout_key, mutex_keys, shutdown, RedisServer,
+    MODES,
 };
 
 /// Spawns `acquire` on a task and returns once `locks` shows it waiting (locally or in Redis).
@@ -214,4 +218,59 @@ async fn a_tool_connects_with_the_recorded_layout() {
         }
     }
     assert!(server.keys("*nobody-here*").is_empty(), "nothing recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_lists_are_cut_a_write_hold_is_shown_and_a_foreign_value_is_refused() {
+    in_both_modes("inspect-limits", |mode, locks, other| async move {
+        // More permits held than an inspection lists: every one counted, INSPECT_LIMIT shown.
+        let pool = locks.semaphore("wide", 150).unwrap();
+        let mut permits = Vec::new();
+        for _ in 0..150 {
+            permits.push(pool.try_acquire().await.unwrap().expect("a free permit"));
+        }
+        let theirs = other.semaphore("wide", 150).unwrap();
+        let queued = waiting(&other, async move {
+            drop(theirs.acquire().await.unwrap());
+        })
+        .await;
+        let seen = report(&locks, LockKind::Semaphore, "wide").await;
+        assert_eq!((seen.held, seen.permits), (150, Some(150)), "{mode:?}");
+        assert_eq!(seen.holders.len(), INSPECT_LIMIT, "{mode:?}");
+        assert_eq!(seen.queued, 1, "{mode:?}");
+        assert!(
+            seen.waiters[0].waiter.starts_with('r'),
+            "{mode:?}: {seen:?}"
+        );
+        drop(permits);
+        support::joined("the semaphore waiter", queued).await;
+
+        // A write hold and its writer's own read hold (a downgrade): both listed.
+        let owner = Owner::new();
+        let rw = locks.rwlock("down").unwrap().with_owner(&owner);
+        let write = rw.write().await.unwrap();
+        let read = rw.read().await.unwrap();
+        let seen = report(&other, LockKind::RwLock, "down").await;
+        assert_eq!(seen.held, 2, "{mode:?}: {seen:?}");
+        assert_eq!(seen.holders[0].side, HoldSide::Exclusive);
+        assert_eq!(seen.holders[0].fencing_token, write.fencing_token());
+        assert!(seen.holders.iter().all(|h| h.owner == owner.id()));
+        drop((read, write));
+
+        // A value fredlock did not write where a lock lives: a typed error, nothing changed.
+        let prefix = format!("inspect-limits-{}", mode.as_str());
+        let key = mutex_keys(&prefix, locks.config().shards, "foreign").hold;
+        let _: () = locks
+            .redis()
+            .set(key.as_str(), "not a lock", None, None, false)
+            .await
+            .unwrap();
+        match locks.inspect(LockKind::Mutex, "foreign").await {
+            Err(Error::WrongType { .. }) => {}
+            other => panic!("{mode:?}: a foreign value: {other:?}"),
+        }
+        let kept: Option<String> = locks.redis().get(key.as_str()).await.unwrap();
+        assert_eq!(kept.as_deref(), Some("not a lock"), "{mode:?}");
+    })
+    .await;
 }
