@@ -6,7 +6,8 @@ mod support;
 
 use fred::interfaces::KeysInterface;
 use fredlock::{
-    Error, HoldSide, Inspector, LockClient, LockKind, LockReport, Owner, INSPECT_LIMIT,
+    Config, Error, HoldSide, Inspector, LockClient, LockKind, LockReport, Mutex, MutexGuard,
+    NotificationMode, Owner, INSPECT_LIMIT,
 };
 use support::{
     config, connect, eventually, in_both_modes, layout_key, mutex_keys, shutdown, RedisServer,
@@ -36,23 +37,19 @@ async fn exclusive_locks_show_their_holder_and_queue() {
     in_both_modes("inspect-excl", |mode, locks, other| async move {
         for kind in [LockKind::Mutex, LockKind::FairMutex] {
             let owner = Owner::new();
-            let (mine, waiter) = if kind == LockKind::Mutex {
-                let handle = locks.mutex("m").unwrap().with_owner(&owner);
-                let guard = handle.lock().await.unwrap().into_inner();
-                let theirs = other.mutex("m").unwrap();
-                let waiter = waiting(&other, async move {
-                    drop(theirs.lock().await.unwrap());
-                });
-                (guard, waiter.await)
-            } else {
-                let handle = locks.fair_mutex("m").unwrap().with_owner(&owner);
-                let guard = handle.lock().await.unwrap().into_inner();
-                let theirs = other.fair_mutex("m").unwrap();
-                let waiter = waiting(&other, async move {
-                    drop(theirs.lock().await.unwrap());
-                });
-                (guard, waiter.await)
+            let handle = |locks: &LockClient| {
+                if kind == LockKind::Mutex {
+                    locks.mutex("m").unwrap()
+                } else {
+                    Mutex::from(locks.fair_mutex("m").unwrap())
+                }
             };
+            let mine = handle(&locks).with_owner(&owner).lock().await.unwrap();
+            let theirs = handle(&other);
+            let waiter = waiting(&other, async move {
+                drop(theirs.lock().await.unwrap());
+            })
+            .await;
             let seen = report(&locks, kind, "m").await;
             assert_eq!((seen.kind, seen.name.as_str()), (kind, "m"));
             assert_eq!(seen.held, 1, "{mode:?} {kind}");
@@ -152,6 +149,20 @@ async fn shared_holds_permits_and_latches_are_reported() {
     .await;
 }
 
+/// What a tool must see of the service in `a_tool_connects_with_the_recorded_layout`: its
+/// layout (4 shards, `mode`) and its one lock, held under `guard`.
+fn sees_the_service(
+    config: &Config,
+    listed: Vec<(LockKind, String)>,
+    seen: LockReport,
+    mode: NotificationMode,
+    guard: &MutexGuard,
+) {
+    assert_eq!((config.shards, config.notification), (4, mode));
+    assert_eq!(listed, vec![(LockKind::Mutex, "orders".to_owned())]);
+    assert_eq!(seen.holders[0].fencing_token, guard.fencing_token());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_connects_with_the_recorded_layout() {
     let server = RedisServer::start();
@@ -162,32 +173,26 @@ async fn a_tool_connects_with_the_recorded_layout() {
         let service = connect(used).await;
         let guard = service.mutex("orders").unwrap().lock().await.unwrap();
 
-        // The tool knows neither the shard count nor the mode.
+        // The tool knows neither the shard count nor the mode: a full client, then the
+        // read-only inspector, give the same answers.
         let tool = LockClient::connect_as_recorded(config(&server, &prefix, MODES[0]))
             .await
             .unwrap();
-        assert_eq!(tool.config().shards, 4);
-        assert_eq!(tool.config().notification, mode);
-        assert_eq!(
-            tool.list().await.unwrap(),
-            vec![(LockKind::Mutex, "orders".to_owned())]
-        );
         let seen = tool.inspect(LockKind::Mutex, "orders").await.unwrap();
-        assert_eq!(seen.holders[0].fencing_token, guard.fencing_token());
+        sees_the_service(
+            tool.config(),
+            tool.list().await.unwrap(),
+            seen,
+            mode,
+            &guard,
+        );
         shutdown(&tool).await;
-
-        // The read-only inspector: the same answers over one connection.
         let inspector = Inspector::connect(config(&server, &prefix, MODES[0]))
             .await
             .unwrap();
-        assert_eq!(inspector.config().shards, 4);
-        assert_eq!(inspector.config().notification, mode);
-        assert_eq!(
-            inspector.list().await.unwrap(),
-            vec![(LockKind::Mutex, "orders".to_owned())]
-        );
         let seen = inspector.inspect(LockKind::Mutex, "orders").await.unwrap();
-        assert_eq!(seen.holders[0].fencing_token, guard.fencing_token());
+        let listed = inspector.list().await.unwrap();
+        sees_the_service(inspector.config(), listed, seen, mode, &guard);
         inspector.close().await.unwrap();
         guard.unlock().await.unwrap();
         shutdown(&service).await;
