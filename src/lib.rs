@@ -35,8 +35,16 @@
 //!   single Redis is not trusted to keep a lock through a failover.
 //! * [`MultiLock`]: several of the locks above taken all or nothing under one guard, in one
 //!   order every process shares, so that two multi-locks over the same locks never deadlock.
+//! * [`Semaphore`] ([`LockClient::semaphore`]): at most N holders at once, each permit held
+//!   like a lock (its own lease, token, `lost()`, release on drop); FIFO, woken by push.
 //! * [`CountDownLatch`] ([`LockClient::count_down_latch`]): not a lock: a count set once,
 //!   counted down from anywhere; every task waiting for it wakes, by push, when it reaches 0.
+//!
+//! ## Who holds what
+//!
+//! [`LockClient::inspect`] reads one lock's holders and waiters, [`LockClient::list`] every
+//! lock under the key prefix; an [`Inspector`] does both for a tool without writing anything,
+//! and the `fredlock` binary (feature `cli`) prints them.
 //!
 //! ## Guarantees
 //!
