@@ -76,7 +76,11 @@ pub async fn run_loop(ctx: &ModeCtx<'_>, spec: &LoopSpec) -> Result<LoopResult, 
         .map_err(|err| format!("DEL counter: {err}"))?;
     let mut ping_before = histogram();
     measure_ping(&probe, ctx.args.pings, &mut ping_before).await?;
-    let who = if spec.lock.is_peer() { "-" } else { ctx.name() };
+    let who = if spec.lock.runs_once() {
+        "-"
+    } else {
+        ctx.name()
+    };
     progress(&format!(
         "{} {who}: PING p50 {:.1} µs; {} processes × {} tasks for {} s",
         spec.label,
@@ -91,6 +95,7 @@ pub async fn run_loop(ctx: &ModeCtx<'_>, spec: &LoopSpec) -> Result<LoopResult, 
             "mode": ctx.name(),
             "prefix": ctx.prefix,
             "id": id,
+            "processes": spec.processes,
             "tasks": spec.tasks,
             "seconds": spec.seconds,
             "lock": spec.lock.name(),
@@ -183,8 +188,15 @@ pub async fn child(worker: &ChildCtx<'_>) -> Result<(), String> {
     let read_share = float(params, "read_share")?;
     let name = text(params, "name")?;
     let kind = LockKind::parse(text(params, "lock")?)?;
-    let side = worker.side(DEFAULT_SHARDS, !kind.is_peer()).await?;
-    let lock = side.lock(kind, name).await?;
+    let side = worker.side(DEFAULT_SHARDS, !kind.runs_once()).await?;
+    let lock = match kind {
+        LockKind::Ring => {
+            let processes = number(params, "processes")?;
+            let (process, processes, tasks) = (id as usize, processes as usize, tasks as usize);
+            side.ring(name, process, processes, tasks).await?
+        }
+        _ => side.lock(kind, name).await?,
+    };
     side.ready().await?;
     let start = wait_go().await?;
     let end = start + (seconds * 1e6) as u64;
@@ -193,7 +205,7 @@ pub async fn child(worker: &ChildCtx<'_>) -> Result<(), String> {
     let handles: Vec<_> = (0..tasks)
         .map(|t| {
             let task = id * tasks + t;
-            let (lock, redis) = (lock.clone(), side.redis().clone());
+            let (lock, redis) = (lock.for_task(t as usize), side.redis().clone());
             let counter = counter.clone();
             tokio::spawn(loop_task(lock, redis, counter, task, end, read_share))
         })
@@ -203,6 +215,9 @@ pub async fn child(worker: &ChildCtx<'_>) -> Result<(), String> {
         records.extend(handle.await.map_err(|err| err.to_string())??);
     }
     let wakeups = side.wakeups();
+    if let AnyLock::Ring(ring) = &lock {
+        ring.close().await;
+    }
     side.shutdown().await?;
     let mut lines: Vec<String> = records.iter().map(|r| r.to_line()).collect();
     lines.push(json!({ "wakeups": wakeups }).to_string());
@@ -272,7 +287,7 @@ pub async fn hold_once(
 
 /// How the report names the mode of a result: peers have none.
 pub fn subject(kind: LockKind, mode: NotificationMode) -> String {
-    if kind.is_peer() {
+    if kind.runs_once() {
         kind.label().to_owned()
     } else {
         format!("{} ({})", kind.label(), mode.as_str())

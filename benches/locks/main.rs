@@ -37,6 +37,7 @@ mod options;
 mod peers;
 mod redis;
 mod report;
+mod ring;
 mod run;
 mod s1;
 mod s3;

@@ -27,7 +27,7 @@ usage: cargo bench --bench locks -- [OPTIONS]
   --s5-rounds N       s5 rounds per mode (500; quick 100)
   --s6-reps N         s6 runs per variant (5; quick 1)
   --s7-shapes LIST    s7 processes x tasks (4x4,16x1,64x1)
-  --s7-locks LIST     s7 locks: mutex,fair,rwlock,naive,rslock (all)
+  --s7-locks LIST     s7 rows: mutex,fair,rwlock,naive,rslock and ring, the FIFO floor (all)
   --s7-seconds S      s7 window per row (3; quick 1.5)
   --s7-rounds N       s7 runs of every row, the rows of a shape in turn; the median run (by
                       acq/s) is reported (3; quick 1)

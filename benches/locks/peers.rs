@@ -17,6 +17,7 @@ use fred::types::{Expiration, SetOptions};
 use fredlock::{LockClient, LockGuard, NotificationMode};
 
 use crate::redis::{connect_with, plain_client, shutdown};
+use crate::ring::Ring;
 use crate::workers::say;
 
 /// How long the naive loop sleeps between two `SET NX` tries.
@@ -36,15 +37,18 @@ pub enum LockKind {
     RwLock,
     Naive,
     Rslock,
+    /// Not a lock: the FIFO floor of S7 (`crate::ring`).
+    Ring,
 }
 
 impl LockKind {
-    pub const ALL: [LockKind; 5] = [
+    pub const ALL: [LockKind; 6] = [
         LockKind::Mutex,
         LockKind::Fair,
         LockKind::RwLock,
         LockKind::Naive,
         LockKind::Rslock,
+        LockKind::Ring,
     ];
     pub const PEERS: [LockKind; 2] = [LockKind::Naive, LockKind::Rslock];
 
@@ -55,6 +59,7 @@ impl LockKind {
             LockKind::RwLock => "rwlock",
             LockKind::Naive => "naive",
             LockKind::Rslock => "rslock",
+            LockKind::Ring => "ring",
         }
     }
 
@@ -66,6 +71,7 @@ impl LockKind {
             LockKind::RwLock => "fredlock RwLock (write)",
             LockKind::Naive => "naive SET NX PX (10 ms)",
             LockKind::Rslock => "rslock 0.10",
+            LockKind::Ring => "FIFO floor: token ring",
         }
     }
 
@@ -78,6 +84,12 @@ impl LockKind {
 
     pub fn is_peer(self) -> bool {
         LockKind::PEERS.contains(&self)
+    }
+
+    /// Whether it runs once per run rather than once per notification mode: the peers and the
+    /// FIFO floor, which use no fredlock client.
+    pub fn runs_once(self) -> bool {
+        self.is_peer() || self == LockKind::Ring
     }
 }
 
@@ -180,6 +192,7 @@ pub enum AnyLock {
     Rw(fredlock::RwLock),
     Naive(Naive),
     Rslock(Rslock),
+    Ring(Ring),
 }
 
 /// A hold of an [`AnyLock`].
@@ -187,6 +200,7 @@ pub enum AnyGuard {
     Fred(LockGuard),
     Naive(Naive, String),
     Rslock(Rslock, rslock::Lock),
+    Ring(Ring),
 }
 
 impl AnyLock {
@@ -202,8 +216,21 @@ impl AnyLock {
             (AnyLock::Rslock(rslock), _) => {
                 return Ok(AnyGuard::Rslock(rslock.clone(), rslock.lock().await?))
             }
+            (AnyLock::Ring(ring), _) => {
+                ring.lock().await?;
+                return Ok(AnyGuard::Ring(ring.clone()));
+            }
         };
         fred.map(AnyGuard::Fred).map_err(|err| err.to_string())
+    }
+
+    /// The lock as task `task` of this process takes it: itself, but for the ring, where each
+    /// task has a turn of its own.
+    pub fn for_task(&self, task: usize) -> AnyLock {
+        match self {
+            AnyLock::Ring(ring) => AnyLock::Ring(ring.for_task(task)),
+            other => other.clone(),
+        }
     }
 }
 
@@ -216,6 +243,7 @@ impl AnyGuard {
                 rslock.unlock(lock).await;
                 Ok(())
             }
+            AnyGuard::Ring(ring) => ring.unlock().await,
         }
     }
 }
@@ -274,7 +302,29 @@ impl Side {
             LockKind::RwLock => AnyLock::Rw(fred()?.rwlock(name).map_err(err)?),
             LockKind::Naive => AnyLock::Naive(Naive::on(&self.plain, &self.prefix, name).await?),
             LockKind::Rslock => AnyLock::Rslock(Rslock::on(&self.rslock, &self.prefix, name)),
+            LockKind::Ring => return Err("the ring is joined with Side::ring".into()),
         })
+    }
+
+    /// Joins the FIFO floor's ring `name` as process `process` of `processes` with `tasks`
+    /// tasks each (see [`crate::ring`]).
+    pub async fn ring(
+        &self,
+        name: &str,
+        process: usize,
+        processes: usize,
+        tasks: usize,
+    ) -> Result<AnyLock, String> {
+        let channel = format!("{}:turn:", peer_key(&self.prefix, LockKind::Ring, name));
+        let ring = Ring::join(
+            &self.url,
+            self.plain.clone(),
+            channel,
+            process,
+            processes,
+            tasks,
+        );
+        Ok(AnyLock::Ring(ring.await?))
     }
 
     /// Worker side: checks the connection with a PING, then tells the parent `READY`.

@@ -100,6 +100,14 @@ impl S7Result {
         self.peers_at(shape).map(|r| r.acq_per_s).reduce(f64::max)
     }
 
+    /// The FIFO floor's acquisitions/s at `shape` (`crate::ring`), when it ran.
+    pub fn fifo_floor_throughput(&self, shape: Shape) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.shape == shape && r.kind == LockKind::Ring)
+            .map(|r| r.result.acq_per_s)
+    }
+
     /// The best (lowest) peer Redis CPU µs per acquisition at `shape`.
     pub fn best_peer_redis_cpu(&self, shape: Shape) -> Option<f64> {
         self.peers_at(shape)
@@ -144,12 +152,13 @@ pub async fn run_s7(ctxs: &[ModeCtx<'_>]) -> Result<S7Result, String> {
     let args = first.args;
     let mut rows = Vec::new();
     for &shape in &args.s7_shapes {
-        // (kind, ctx) of every row of the shape; the peers run once, not once per mode.
+        // (kind, ctx) of every row of the shape; the peers and the FIFO floor run once, not
+        // once per mode.
         let subjects: Vec<(LockKind, &ModeCtx<'_>)> = args
             .s7_locks
             .iter()
             .flat_map(|&kind| {
-                let ctxs = if kind.is_peer() {
+                let ctxs = if kind.runs_once() {
                     std::slice::from_ref(first)
                 } else {
                     ctxs
@@ -168,7 +177,7 @@ pub async fn run_s7(ctxs: &[ModeCtx<'_>]) -> Result<S7Result, String> {
             rows.push(S7Row {
                 shape,
                 kind,
-                mode: (!kind.is_peer()).then_some(ctx.mode),
+                mode: (!kind.runs_once()).then_some(ctx.mode),
                 result: median_run(runs)?,
                 round_rates,
             });

@@ -90,6 +90,10 @@ const MEANING: &str = "\
   every task has acquired once), and show the count with the ramp-up beside it. The *longest
   wait* columns show the steady state (calls after the ramp-up) beside the window's and the
   whole run's; the targets judge the window's, ramp-up included.
+* **FIFO floor: token ring** (S7) is not a lock: the tasks take turns in a fixed order that
+  goes from process to process, each turn the same `GET` + `SET` followed by one `PUBLISH` to
+  the next turn's channel (no script, lease, queue or fencing). It is the most a strictly
+  first-come lock on one Redis can do on the machine of the run, the yardstick for FairMutex.
 * **Violations** (overlapping holds, lost counter increments) must be 0 for every lock.
 * **S4** is the memory and connections a waiting task costs, **S5** the wake-up latency of the
   two notification modes, **S6** how quickly waiters recover when the notifier connection is

@@ -293,8 +293,14 @@ fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
         ),
         (
             LockKind::Fair,
-            "FairMutex acq/s ≥ 0.8 × best peer's",
-            |s7, r| versus_best(s7, r, FAIR_THROUGHPUT_SHARE),
+            "FairMutex acq/s ≥ 0.8 × best peer's (FIFO floor: token ring)",
+            |s7, r| {
+                let (text, met) = versus_best(s7, r, FAIR_THROUGHPUT_SHARE);
+                match s7.fifo_floor_throughput(r.shape) {
+                    Some(floor) => (format!("{text} (floor {floor:.0})"), met),
+                    None => (text, met),
+                }
+            },
         ),
         (
             LockKind::Fair,
