@@ -279,3 +279,31 @@ async fn long_lists_are_cut_a_write_hold_is_shown_and_a_foreign_value_is_refused
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_is_not_text_does_not_hide_the_locks() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    let locks = connect(config(&server, "odd", MODES[0])).await;
+    // A name with every kind of odd character a name may hold, and a key under the prefix,
+    // where a lock would live, whose bytes are not UTF-8 (someone else's: names are text).
+    let odd = "a b\n{c}:d:\u{e9}\u{0}";
+    let guard = locks.mutex(odd).unwrap().lock().await.unwrap();
+    let foreign = b"{odd:3}:mutex:\xff\xfe";
+    server.cmd_bytes(&[b"SET", foreign, b"x"]);
+
+    let listed = locks.list().await.unwrap();
+    assert_eq!(listed, vec![(LockKind::Mutex, odd.to_owned())]);
+    let inspector = Inspector::connect(config(&server, "odd", MODES[0]))
+        .await
+        .unwrap();
+    assert_eq!(inspector.list().await.unwrap(), listed);
+    let seen = inspector.inspect(LockKind::Mutex, odd).await.unwrap();
+    assert_eq!(seen.name, odd);
+    assert_eq!(seen.holders[0].fencing_token, guard.fencing_token());
+    inspector.close().await.unwrap();
+    let kept = server.cmd_bytes(&[b"GET", foreign]);
+    assert_eq!(kept.as_bytes().as_deref(), Some(&b"x"[..]), "left alone");
+    guard.unlock().await.unwrap();
+    shutdown(&locks).await;
+}

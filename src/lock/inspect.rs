@@ -479,16 +479,19 @@ fn scan_reply(page: Value) -> Result<(String, Vec<String>)> {
     if parts.len() != 2 {
         return Err(protocol(format!("expected two parts, got {parts:?}")));
     }
-    let keys = parts.pop().and_then(|keys| {
-        keys.into_array()
+    let keys = match parts.pop() {
+        Some(Value::Array(keys)) => keys
             .into_iter()
-            .map(|key| key.into_string())
-            .collect()
-    });
-    let cursor = parts.pop().and_then(Value::into_string);
-    match (cursor, keys) {
-        (Some(cursor), Some(keys)) => Ok((cursor, keys)),
-        _ => Err(protocol("unreadable page".into())),
+            // A key that is not UTF-8 text is no lock's: every name is a `&str`. Such a key
+            // under the prefix was written by someone else, and must not hide every lock.
+            .filter_map(Value::into_string)
+            .collect(),
+        Some(Value::Null) => Vec::new(),
+        other => return Err(protocol(format!("expected a list of keys, got {other:?}"))),
+    };
+    match parts.pop().and_then(Value::into_string) {
+        Some(cursor) => Ok((cursor, keys)),
+        None => Err(protocol("unreadable cursor".into())),
     }
 }
 
@@ -549,6 +552,23 @@ mod tests {
         assert_eq!(of("{app:1}:events:to:abc"), None);
         assert_eq!(of("{apple:1}:mutex:x"), None);
         assert_eq!(of("{app:layout}"), None);
+    }
+
+    #[test]
+    fn a_key_that_is_not_text_is_left_out_of_a_page() {
+        let page = Value::Array(vec![
+            Value::from("17"),
+            Value::Array(vec![
+                Value::from("{app:1}:mutex:a"),
+                Value::Bytes(b"{app:1}:mutex:\xff".to_vec().into()),
+            ]),
+        ]);
+        let (cursor, keys) = scan_reply(page).unwrap();
+        assert_eq!(
+            (cursor.as_str(), keys),
+            ("17", vec!["{app:1}:mutex:a".to_owned()])
+        );
+        assert!(scan_reply(Value::Array(vec![Value::from("0"), Value::Integer(1)])).is_err());
     }
 
     #[test]
