@@ -96,6 +96,8 @@ async fn the_tool_lists_shows_and_frees_locks() {
 
     let refused = fredlock(&server, &["show", "lock", "orders"]).await;
     assert_eq!(refused.status.code(), Some(2), "an unknown kind");
+    let refused = fredlock(&server, &["force-unlock", "mutex", ""]).await;
+    assert_eq!(refused.status.code(), Some(2), "an empty name");
     assert!(permit.unlock().await.is_err(), "the permit was taken back");
     shutdown(&service).await;
 }
@@ -147,4 +149,36 @@ fn snapshot_all(server: &RedisServer) -> Vec<(String, String)> {
         .collect();
     keys.sort();
     keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_arguments_exit_2_before_any_connection() {
+    // No server at all: what is refused is refused before a connection is tried.
+    let port = support::free_port().to_string();
+    let url = format!("redis://127.0.0.1:{port}");
+    let long = "n".repeat(fredlock::MAX_NAME_LEN + 1);
+    for (args, says) in [
+        (&["show", "mutex", ""][..], "name"),
+        (&["force-unlock", "sem", &long], "name"),
+        (&["--prefix", "a b", "list"], "key_prefix"),
+        (&["--url", "nonsense", "list"], "url"),
+    ] {
+        let args: Vec<String> = ["--url", &url]
+            .iter()
+            .chain(args)
+            .map(|arg| arg.to_string())
+            .collect();
+        let output = tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_fredlock"))
+                .args(&args)
+                .output()
+                .expect("the tool runs")
+        })
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+        assert!(!stderr.contains("connect"), "{stderr}");
+    }
 }

@@ -12,12 +12,13 @@
 //! marker key or notifier of its own); `list` reports a lock it cannot read and goes on.
 //! `force-unlock` connects as a client (`LockClient::connect_as_recorded`) and takes every hold
 //! of the lock back (a latch: opens it) and wakes its waiters, as the handles' `force_unlock`
-//! does. Exit status: 0 done, 1 a Redis or lock error (`list`: any lock), 2 bad arguments.
+//! does. Exit status: 0 done, 1 a Redis or lock error (`list`: any lock), 2 bad arguments
+//! (among them a URL, prefix or lock name that cannot be used: found before connecting).
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use fredlock::{Config, HoldSide, Inspector, LockClient, LockKind, LockReport};
+use fredlock::{Config, HoldSide, Inspector, LockClient, LockKind, LockReport, MAX_NAME_LEN};
 
 const USAGE: &str = "\
 usage: fredlock [--url URL] [--prefix PREFIX] [--json] COMMAND
@@ -50,8 +51,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let args = match parse(std::env::args_os().skip(1)) {
-        Ok(Some(args)) => args,
+    let (args, config) = match parse(std::env::args_os().skip(1)) {
+        Ok(Some(args)) => match args.config() {
+            Ok(config) => (args, config),
+            // A URL or prefix that cannot be used is a bad argument too (status 2), found
+            // before any connection is tried.
+            Err(message) => {
+                eprintln!("fredlock: {message}");
+                return ExitCode::from(2);
+            }
+        },
         Ok(None) => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -65,7 +74,7 @@ fn main() -> ExitCode {
         .enable_all()
         .build();
     let outcome = match runtime {
-        Ok(runtime) => runtime.block_on(run(args)),
+        Ok(runtime) => runtime.block_on(run(args, config)),
         Err(err) => Err(format!("cannot start the runtime: {err}")),
     };
     match outcome {
@@ -94,9 +103,18 @@ fn parse(raw: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Option<Arg
         }
     }
     let lock = |words: &[String]| match words {
-        [kind, name] => LockKind::parse(kind)
-            .map(|kind| (kind, name.clone()))
-            .ok_or_else(|| format!("unknown kind {kind:?}")),
+        [kind, name] => {
+            let kind = LockKind::parse(kind).ok_or_else(|| format!("unknown kind {kind:?}"))?;
+            // The names a lock may have (see `LockClient::mutex`): any other is a bad
+            // argument, not a Redis error after a connection.
+            if name.is_empty() || name.len() > MAX_NAME_LEN {
+                return Err(format!(
+                    "a lock name is 1 to {MAX_NAME_LEN} bytes, this one is {}",
+                    name.len()
+                ));
+            }
+            Ok((kind, name.clone()))
+        }
         _ => Err("expected KIND NAME".to_owned()),
     };
     let command = match words.split_first() {
@@ -127,11 +145,19 @@ fn text(value: Result<std::ffi::OsString, lexopt::Error>) -> Result<String, Stri
         .map_err(|raw| format!("not UTF-8: {raw:?}"))
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    let mut config = Config::new(args.url);
-    if let Some(prefix) = args.prefix {
-        config.key_prefix = prefix;
+impl Args {
+    /// The configuration the arguments give, checked (`Config::validate`).
+    fn config(&self) -> Result<Config, String> {
+        let mut config = Config::new(self.url.clone());
+        if let Some(prefix) = &self.prefix {
+            config.key_prefix.clone_from(prefix);
+        }
+        config.validate().map_err(|err| err.to_string())?;
+        Ok(config)
     }
+}
+
+async fn run(args: Args, config: Config) -> Result<(), String> {
     let failed = |err: fredlock::Error| err.to_string();
     let mut out = String::new();
     let done = match &args.command {
@@ -379,8 +405,19 @@ mod tests {
             &["list", "x"],
             &["drop"],
             &["--bogus", "list"],
+            &["show", "mutex", ""],
         ] {
             assert!(parsed(words).is_err(), "{words:?}");
+        }
+        let long = "n".repeat(MAX_NAME_LEN + 1);
+        assert!(parsed(&["force-unlock", "sem", &long]).is_err());
+        assert!(parsed(&["show", "sem", &long[1..]]).is_ok());
+        for words in [
+            &["--prefix", "a b", "list"][..],
+            &["--url", "nonsense", "list"],
+        ] {
+            let args = parsed(words).unwrap().unwrap();
+            assert!(args.config().is_err(), "{words:?}");
         }
     }
 }
