@@ -106,6 +106,10 @@ async fn shared_holds_permits_and_latches_are_reported() {
         expected.sort_unstable();
         assert_eq!(tokens, expected, "{mode:?}");
         assert!(seen.waiters[0].waiter.starts_with('w'));
+        assert_eq!(
+            seen.waiters[0].waited, None,
+            "only an exclusive queue keeps the time"
+        );
         assert_eq!(seen.permits, None);
         drop(readers);
         support::joined("the writer", queued).await;
