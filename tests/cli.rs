@@ -182,3 +182,23 @@ async fn unusable_arguments_exit_2_before_any_connection() {
         assert!(!stderr.contains("connect"), "{stderr}");
     }
 }
+
+#[test]
+fn closed_output_streams_are_not_a_crash() {
+    // `fredlock --help | head -0` and a bad command with stderr closed: the tool still exits
+    // with its status (0 and 2), not with a panic (101).
+    use std::process::{Command, Stdio};
+    for (args, status) in [(&["--help"][..], 0), (&["bogus"][..], 2)] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fredlock"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the tool starts");
+        // Both pipes closed before the tool writes anything.
+        drop(child.stdout.take());
+        drop(child.stderr.take());
+        let exit = child.wait().expect("the tool exits");
+        assert_eq!(exit.code(), Some(status), "{args:?}");
+    }
+}

@@ -3,7 +3,7 @@
 //! ```text
 //! fredlock [--url URL] [--prefix PREFIX] [--json] list
 //! fredlock [--url URL] [--prefix PREFIX] [--json] show KIND NAME
-//! fredlock [--url URL] [--prefix PREFIX] force-unlock KIND NAME
+//! fredlock [--url URL] [--prefix PREFIX] [--json] force-unlock KIND NAME
 //! ```
 //!
 //! KIND is `mutex`, `fair`, `rw`, `sem` or `latch`. The tool takes the layout the services
@@ -57,16 +57,16 @@ fn main() -> ExitCode {
             // A URL or prefix that cannot be used is a bad argument too (status 2), found
             // before any connection is tried.
             Err(message) => {
-                eprintln!("fredlock: {message}");
+                complain(&message);
                 return ExitCode::from(2);
             }
         },
         Ok(None) => {
-            println!("{USAGE}");
+            print(&format!("{USAGE}\n"));
             return ExitCode::SUCCESS;
         }
         Err(message) => {
-            eprintln!("fredlock: {message}\n\n{USAGE}");
+            complain(&format!("{message}\n\n{USAGE}"));
             return ExitCode::from(2);
         }
     };
@@ -80,10 +80,24 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("fredlock: {message}");
+            complain(&message);
             ExitCode::from(1)
         }
     }
+}
+
+/// Writes `text` to standard output; a closed pipe (`fredlock list | head`) is not an error,
+/// and nothing here panics (`println!` would).
+fn print(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+}
+
+/// `fredlock: <message>` on standard error, without panicking when it is closed.
+fn complain(message: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "fredlock: {message}");
 }
 
 /// The arguments, or None for `--help`.
@@ -185,11 +199,8 @@ async fn run(args: Args, config: Config) -> Result<(), String> {
         }
     };
     // Whatever was gathered is printed, also before an error (`list` goes on past a lock it
-    // cannot read); a closed pipe (`fredlock list | head`) is not an error.
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout
-        .write_all(out.as_bytes())
-        .and_then(|()| stdout.flush());
+    // cannot read).
+    print(&out);
     done
 }
 
