@@ -332,7 +332,7 @@ fn shown(report: &LockReport) -> String {
             };
             out.push_str(&format!(
                 "    {side:<6} owner {} count {} token {} lease left {}\n",
-                holder.owner,
+                id(&holder.owner),
                 holder.hold_count,
                 holder.fencing_token,
                 ms(holder.remaining)
@@ -344,9 +344,9 @@ fn shown(report: &LockReport) -> String {
         for waiter in &report.waiters {
             out.push_str(&format!(
                 "    client {} waiter {} owner {} waited {}\n",
-                waiter.client,
-                or_dash(&waiter.waiter),
-                or_dash(&waiter.owner),
+                id(&waiter.client),
+                id(&waiter.waiter),
+                id(&waiter.owner),
                 ms(waiter.waited)
             ));
         }
@@ -358,11 +358,15 @@ fn ms(duration: Option<std::time::Duration>) -> String {
     duration.map_or_else(|| "-".into(), |d| format!("{} ms", d.as_millis()))
 }
 
-fn or_dash(text: &str) -> &str {
+/// An id as read from Redis, for a line of text: "-" when empty, and escaped when it holds
+/// anything but printable ASCII without spaces (fredlock writes no other; a foreign hash may).
+fn id(text: &str) -> String {
     if text.is_empty() {
-        "-"
+        "-".to_owned()
+    } else if text.bytes().all(|b| b.is_ascii_graphic()) {
+        text.to_owned()
     } else {
-        text
+        format!("{text:?}")
     }
 }
 
@@ -372,6 +376,14 @@ mod tests {
 
     fn parsed(words: &[&str]) -> Result<Option<Args>, String> {
         parse(words.iter().map(Into::into))
+    }
+
+    #[test]
+    fn ids_are_escaped_only_when_they_need_it() {
+        assert_eq!(id(""), "-");
+        assert_eq!(id("owner-1.a:b"), "owner-1.a:b");
+        assert_eq!(id("a b"), "\"a b\"");
+        assert_eq!(id("x\ny\u{1b}"), "\"x\\ny\\u{1b}\"");
     }
 
     #[test]
