@@ -147,7 +147,25 @@ impl Context {
         if script.issues_tokens() {
             return self.run_fenced(script, lock, &keys, args).await;
         }
-        self.call(script, &keys, &args)
+        self.call(script, &keys, &args, false)
+            .await
+            .map_err(|err| self.script_error(err, lock, first_key(&keys)))
+    }
+
+    /// [`run`](Self::run) for a script that must not run twice (a latch's count-down, which
+    /// has no op id to answer a second delivery with): fred does not re-send it after a
+    /// broken connection, so a call whose reply was lost fails, applied or not. Not for a
+    /// script that issues tokens.
+    pub(crate) async fn run_once(
+        &self,
+        script: &Script,
+        lock: &str,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value> {
+        debug_assert!(!script.issues_tokens());
+        let keys: Vec<Key> = keys.into_iter().map(Key::from).collect();
+        self.call(script, &keys, &args, true)
             .await
             .map_err(|err| self.script_error(err, lock, first_key(&keys)))
     }
@@ -166,7 +184,7 @@ impl Context {
     ) -> Result<Value> {
         self.layout.check_open()?;
         args.push(self.layout.fence_arg(false));
-        let refusal = match self.call(script, keys, &args).await {
+        let refusal = match self.call(script, keys, &args, false).await {
             Err(err) if err.details().contains("FLFENCE") => err.details().to_owned(),
             other => return other.map_err(|err| self.script_error(err, lock, first_key(keys))),
         };
@@ -180,7 +198,7 @@ impl Context {
         if let Some(last) = args.last_mut() {
             *last = self.layout.fence_arg(true);
         }
-        match self.call(script, keys, &args).await {
+        match self.call(script, keys, &args, false).await {
             Err(err) if err.details().contains("FLFENCE layout ") => {
                 let server = err.details().split("FLFENCE layout ").nth(1).unwrap_or("");
                 Err(self.refuse_layout(server.trim().to_owned()))
@@ -189,18 +207,23 @@ impl Context {
         }
     }
 
-    /// Runs a script without mapping its error.
+    /// Runs a script without mapping its error; `once`: written at most once (fred re-sends
+    /// a command whose connection broke before its reply otherwise).
     async fn call(
         &self,
         script: &Script,
         keys: &[Key],
         args: &[Value],
+        once: bool,
     ) -> std::result::Result<Value, fred::error::Error> {
         if self.hung_up.load(Ordering::Acquire) {
             return Err(fred::error::Error::new(
                 fred::error::ErrorKind::Canceled,
                 "client shut down",
             ));
+        }
+        if once {
+            return script.run_once(&self.redis, keys, args).await;
         }
         script.run(&self.redis, keys, args).await
     }

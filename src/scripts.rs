@@ -18,8 +18,9 @@
 use std::sync::LazyLock;
 
 use fred::clients::Client;
-use fred::interfaces::LuaInterface;
-use fred::types::{Key as RedisKey, MultipleKeys, Value};
+use fred::interfaces::{ClientLike, LuaInterface};
+use fred::types::config::Options;
+use fred::types::{ClusterHash, CustomCommand, Key as RedisKey, MultipleKeys, Value};
 
 use crate::keys::LockKeys;
 
@@ -89,6 +90,49 @@ impl Script {
                 );
                 let (call_keys, call_args) = command();
                 client.eval(self.body.as_str(), call_keys, call_args).await
+            }
+            other => other,
+        }
+    }
+
+    /// [`run`](Self::run), but each command is written at most once: fred does not re-send it
+    /// after its connection broke, so a call whose reply was lost fails whether or not it ran.
+    /// For a script that must not run twice and has no op id to answer a repeat with. (fred's
+    /// `WithOptions` has no `EVALSHA`/`EVAL` of its own: the calls are custom commands, routed
+    /// by the first key's slot.)
+    pub(crate) async fn run_once(
+        &self,
+        client: &Client,
+        keys: &[RedisKey],
+        args: &[Value],
+    ) -> Result<Value, fred::error::Error> {
+        let once = client.with_options(&Options {
+            max_attempts: Some(1),
+            ..Default::default()
+        });
+        let slot = keys
+            .first()
+            .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()));
+        let command = |name: &'static str, script: &str| {
+            let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+            call.push(script.into());
+            call.push((keys.len() as i64).into());
+            call.extend(keys.iter().cloned().map(Value::from));
+            call.extend(args.iter().cloned());
+            (
+                CustomCommand::new_static(name, ClusterHash::Custom(slot), false),
+                call,
+            )
+        };
+        let (evalsha, call) = command("EVALSHA", &self.sha);
+        match once.custom::<Value, _>(evalsha, call).await {
+            Err(err) if err.details().starts_with("NOSCRIPT") => {
+                tracing::debug!(
+                    script = self.name,
+                    "script not cached on the server, reloading"
+                );
+                let (eval, call) = command("EVAL", &self.body);
+                once.custom(eval, call).await
             }
             other => other,
         }

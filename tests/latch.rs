@@ -7,8 +7,10 @@ mod support;
 use std::time::Duration;
 
 use fred::interfaces::{HashesInterface, KeysInterface};
-use fredlock::{CountDownLatch, Error, LockClient, NotificationMode};
-use support::{bounded, connect, in_both_modes, init_tracing, poll_once, shutdown, RedisServer};
+use fredlock::{Config, CountDownLatch, Error, LockClient, NotificationMode};
+use support::{
+    bounded, connect, in_both_modes, init_tracing, poll_once, shutdown, RedisServer, ReplyDropper,
+};
 
 /// `tasks` tasks of `locks` waiting on the latch `name`, once each has registered in the
 /// client's waiter table (its look may still be in flight).
@@ -176,4 +178,34 @@ async fn expect_wrong_type(latch: &CountDownLatch) {
             "{outcome:?}"
         );
     }
+}
+
+/// A count-down whose reply is lost (the connection breaks after the script ran) is not sent
+/// again: fred re-sends a command that was in flight on a broken connection, and a count-down
+/// has no op id to answer a second delivery with, so it would count twice. The caller gets an
+/// error instead (it may or may not have been applied; here it was, once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_down_whose_reply_is_lost_is_not_applied_twice() {
+    init_tracing();
+    let server = RedisServer::start();
+    let proxy = ReplyDropper::start(server.port()).await;
+    let mut config = Config::new(proxy.url());
+    config.key_prefix = "latch-lost".into();
+    // The notifier must stay silent while a reply is being swallowed.
+    config.notifier_block = Duration::from_secs(120);
+    let locks = connect(config).await;
+    let latch = locks.count_down_latch("once").unwrap();
+    assert!(latch.try_set_count(4).await.unwrap());
+    // The script is cached now: the reply swallowed below is the script's, not a NOSCRIPT.
+    assert_eq!(latch.count_down().await.unwrap(), 3);
+
+    proxy.arm();
+    let lost = bounded("a count-down whose reply is lost", latch.count_down()).await;
+    assert!(lost.is_err(), "the outcome is unknown: {lost:?}");
+    assert_eq!(latch.count().await.unwrap(), 2, "counted down once");
+
+    assert_eq!(latch.count_down().await.unwrap(), 1);
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    bounded("the opened latch", latch.wait()).await.unwrap();
+    shutdown(&locks).await;
 }

@@ -19,7 +19,7 @@ use crate::engine::{Engine, Patience, TransientRetry};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{flag_reply, run_call, unexpected};
-use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
+use crate::scripts::{int_array, Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// A distributed count-down latch (Redisson's `RCountDownLatch`), made by
 /// [`LockClient::count_down_latch`](crate::LockClient::count_down_latch).
@@ -101,8 +101,18 @@ impl CountDownLatch {
     /// (then nothing changes, as in Redisson; count down only once the count is set).
     pub async fn count_down(&self) -> Result<u64> {
         let script = &SCRIPTS.latch_count_down;
-        let args = ScriptArgs::no_call().events(self.engine.ctx.event_args(&self.keys));
-        let left = self.count_reply(script, Key::Events, args).await?;
+        let ctx = &self.engine.ctx;
+        let args = ScriptArgs::no_call().events(ctx.event_args(&self.keys));
+        let keys = ScriptKeys::new(&self.keys).through(Key::Events);
+        // Sent at most once: fred would re-send it after a broken connection, and a second
+        // delivery would count down twice.
+        let reply = ctx
+            .run_once(script, self.name(), keys, args.into_vec())
+            .await?;
+        let left = match int_array(script.name(), reply)?[..] {
+            [left] if left >= 0 => left as u64,
+            ref reply => return Err(unexpected(script, reply)),
+        };
         tracing::debug!(latch = self.name(), left, "latch counted down");
         Ok(left)
     }

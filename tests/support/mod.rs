@@ -15,6 +15,7 @@
 //!   [`eventually`] / [`eventually_async`], [`connect`] and [`shown`].
 //! * `handoff`: [`mutex_handoff`] / [`rwlock_handoff`], a lock run through every operation.
 //! * `keys`: the documented key layout ([`mutex_keys`], [`layout_key`], …) and reads of keys.
+//! * `proxy`: [`ReplyDropper`], a TCP proxy that swallows a reply and cuts its connection.
 //! * [`cluster`] and [`sentinel`]: a Redis Cluster and a Sentinel deployment on loopback.
 //! * [`init_tracing`]: opt-in log output controlled by `RUST_LOG`; [`composed`]: a script as
 //!   the library composes it, for tests that `EVAL` it.
@@ -27,6 +28,7 @@ pub mod cluster;
 mod handoff;
 mod keys;
 mod kit;
+mod proxy;
 mod resp;
 pub mod sentinel;
 mod server;
@@ -39,6 +41,8 @@ pub use handoff::*;
 pub use keys::*;
 #[allow(unused_imports)]
 pub use kit::*;
+#[allow(unused_imports)]
+pub use proxy::*;
 #[allow(unused_imports)]
 pub use resp::*;
 #[allow(unused_imports)]

@@ -1,0 +1,74 @@
+//! [`ReplyDropper`]: a TCP proxy in front of a `redis-server` that can swallow the next reply
+//! from Redis and cut the connection, as a network failure between "the command ran" and "its
+//! reply arrived" would. fred then reconnects (and re-sends what it may re-send).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The proxy; it runs until the test's runtime ends.
+pub struct ReplyDropper {
+    port: u16,
+    armed: Arc<AtomicBool>,
+}
+
+impl ReplyDropper {
+    /// A proxy on a free loopback port in front of the server on `upstream`.
+    pub async fn start(upstream: u16) -> ReplyDropper {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let flag = armed.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let flag = flag.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await {
+                        pipe(client, server, flag).await;
+                    }
+                });
+            }
+        });
+        ReplyDropper { port, armed }
+    }
+
+    /// The URL of the proxy.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The next reply from Redis, on any connection, is swallowed and its connection cut.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upstream = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = client_read.read(&mut buf).await {
+            if n == 0 || server_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    let downstream = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        while let Ok(n) = server_read.read(&mut buf).await {
+            if n == 0 || armed.swap(false, Ordering::SeqCst) {
+                break; // reply swallowed: drop both directions
+            }
+            if client_write.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = upstream => {}
+        _ = downstream => {}
+    }
+}
