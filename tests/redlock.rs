@@ -186,6 +186,46 @@ async fn unlock_rides_out_an_unresponsive_instance() {
     }
 }
 
+/// A round in which one instance does not answer in time (frozen past the command timeout)
+/// still wins on the others; the instance takes the hold when it comes back, and the round
+/// releases it then: nothing of the round stays held there once the guard is released, long
+/// before the 120 s lease ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_arrives_after_the_round_is_released() {
+    init_tracing();
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let clients = clients(&urls(&servers)).await;
+    let lock = Redlock::new(&clients, "late")
+        .unwrap()
+        .with_lease(Lease::fixed(Duration::from_secs(120)))
+        .unwrap();
+    // The scripts are cached on every instance.
+    lock.try_lock()
+        .await
+        .unwrap()
+        .unwrap()
+        .unlock()
+        .await
+        .unwrap();
+    servers[0].stop_signal();
+    let guard = tokio::time::timeout(HANG, lock.try_lock())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("a quorum of the two others");
+    assert_eq!(guard.instances(), 2);
+    servers[0].cont_signal();
+    guard.unlock().await.unwrap();
+    let late = clients[0].mutex("late").unwrap();
+    support::eventually_async("the late grant released", || async {
+        !late.is_locked().await.unwrap()
+    })
+    .await;
+    for client in clients {
+        let _ = client.shutdown().await;
+    }
+}
+
 /// Worker process: 3 tasks increment a counter under a Redlock over the 5 given servers.
 #[test]
 #[ignore = "worker process of the Redlock tests"]

@@ -30,7 +30,7 @@ use crate::config::check_duration;
 use crate::context::BoxFuture;
 use crate::engine::release::release_retrying;
 use crate::engine::{Attempt, Driver, Engine, Finish, Patience, Released, SpanningHold};
-use crate::error::{Error, NotHeldReason, Result};
+use crate::error::{Backoff, Error, NotHeldReason, Result};
 use crate::lease::{renew_holds, Lease, LostCause, LostSignal};
 use crate::lock::mutex::Mutex;
 use crate::notify::Registration;
@@ -274,23 +274,38 @@ async fn round(
         let Ok((driver, answer)) = joined else {
             continue;
         };
-        match answer {
+        let unknown = match answer {
             Ok(Ok(Attempt::Acquired { token, .. })) => {
                 reachable += 1;
                 granted.push((driver, token));
+                continue;
             }
             Ok(Ok(Attempt::Busy { ttl: busy, .. })) => {
                 reachable += 1;
                 ttl = ttl.min(busy.unwrap_or(lease));
+                continue;
             }
-            Ok(Err(error)) => {
-                tracing::debug!(lock = driver.keys().name(), %error, "instance refused")
+            Ok(Err(error)) if !error.is_retryable() => {
+                tracing::debug!(lock = driver.keys().name(), %error, "instance refused");
+                continue;
             }
-            Err(_) => tracing::debug!(
-                lock = driver.keys().name(),
-                "instance did not answer in time"
-            ),
-        }
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => "no answer in time".to_owned(),
+        };
+        // The attempt may have run there all the same (it may still be on its way): find out
+        // in the background, and give back what it took, which the round does not count.
+        tracing::debug!(
+            lock = driver.keys().name(),
+            error = unknown,
+            "instance did not answer"
+        );
+        tokio::spawn(settle_unanswered(
+            driver,
+            owner.clone(),
+            op.clone(),
+            lease,
+            started + lease,
+        ));
     }
     if granted.len() >= quorum && validity(lease, started).is_some() {
         return Ok(Round::Won(granted, started));
@@ -302,6 +317,42 @@ async fn round(
         ttl: ttl.max(Duration::from_millis(1)),
         contested,
     })
+}
+
+/// An instance that did not answer a round's attempt may have taken the hold all the same
+/// (its reply was lost, or arrives late). Asks it again with the attempt's op id, which the
+/// acquire script answers instead of applying twice (an attempt that never ran is applied
+/// now), and releases what it says was taken; transient failures are retried until the lease
+/// of the attempt would have ended anyway.
+async fn settle_unanswered(
+    driver: Arc<dyn Driver>,
+    owner: Owner,
+    op: String,
+    lease: Duration,
+    lease_end: Instant,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        let ask = driver
+            .clone()
+            .try_acquire(owner.clone(), "".into(), op.clone(), lease, false);
+        match ask.await {
+            Ok(Attempt::Acquired { token, .. }) => {
+                let released =
+                    release_retrying(&driver, &owner, token, None, lease_end, None, None).await;
+                tracing::debug!(
+                    lock = driver.keys().name(),
+                    ?released,
+                    "late grant released"
+                );
+                return;
+            }
+            Err(error) if error.is_retryable() && Instant::now() + backoff.peek() < lease_end => {
+                tokio::time::sleep(backoff.next_pause()).await;
+            }
+            _ => return,
+        }
+    }
 }
 
 /// Time left of a lease taken at `started`, after the drift allowance; None when none is left.
