@@ -4,15 +4,15 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use fredlock::{
     Config, Error, Lease, LockClient, LostCause, NotHeldReason, NotificationMode, Owner,
 };
 use support::{connect, eventually_async, HANG, MODES};
-use support::{fence_value, find_hold, hold_owner, init_tracing, queued_waiters, RedisServer};
+use support::{
+    fence_value, find_hold, hold_owner, init_tracing, queued_waiters, RedisServer, ReplyDropper,
+};
 
 fn config(server: &RedisServer, mode: NotificationMode, prefix: &str) -> Config {
     support::config(server, &format!("{prefix}-{}", mode.as_str()), mode)
@@ -555,78 +555,12 @@ async fn clients_with_different_layouts_under_one_prefix_are_refused() {
     first.shutdown().await.unwrap();
 }
 
-/// A TCP proxy that can swallow the next reply from Redis and cut the connection, as a network
-/// failure between "script ran" and "reply arrived" would. fred then retries the same call.
-struct ReplyDropper {
-    port: u16,
-    armed: Arc<AtomicBool>,
-}
-
-impl ReplyDropper {
-    async fn start(upstream: u16) -> ReplyDropper {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let armed = Arc::new(AtomicBool::new(false));
-        let flag = armed.clone();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let flag = flag.clone();
-                tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
-                    else {
-                        return;
-                    };
-                    pipe(client, server, flag).await;
-                });
-            }
-        });
-        ReplyDropper { port, armed }
-    }
-
-    fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
-    }
-}
-
-async fn pipe(
-    client: tokio::net::TcpStream,
-    server: tokio::net::TcpStream,
-    armed: Arc<AtomicBool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut client_read, mut client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let upstream = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        while let Ok(n) = client_read.read(&mut buf).await {
-            if n == 0 || server_write.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    };
-    let downstream = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        while let Ok(n) = server_read.read(&mut buf).await {
-            if n == 0 || armed.swap(false, Ordering::SeqCst) {
-                break; // reply swallowed: drop both directions
-            }
-            if client_write.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    };
-    tokio::select! {
-        _ = upstream => {}
-        _ = downstream => {}
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_calls_after_a_lost_reply_are_not_applied_twice() {
     init_tracing();
     let server = RedisServer::start();
     let proxy = ReplyDropper::start(server.port()).await;
-    let mut cfg = Config::new(format!("redis://127.0.0.1:{}", proxy.port));
+    let mut cfg = Config::new(proxy.url());
     cfg.key_prefix = "retry".into();
     // The notifier must stay silent while a reply is being swallowed.
     cfg.notifier_block = Duration::from_secs(120);
