@@ -456,7 +456,21 @@ impl LockClient {
 impl Redlock {
     /// A Redlock named `name` over the masters behind `clients` (one client per independent
     /// master; an odd number, 3 or 5, is usual). Validates the name; no Redis call.
+    ///
+    /// The same client given twice is refused ([`Error::InvalidConfig`]): its one server would
+    /// answer both, under the same op id, and count as two votes towards the quorum. (Two
+    /// clients of the same server cannot be told apart here: give each master one client.)
     pub fn new(clients: &[LockClient], name: &str) -> Result<Redlock> {
+        for (at, client) in clients.iter().enumerate() {
+            if clients[..at]
+                .iter()
+                .any(|earlier| Arc::ptr_eq(&earlier.engine, &client.engine))
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "Redlock {name:?}: client {at} is given twice (one client per master)"
+                )));
+            }
+        }
         let engines = clients.iter().map(|c| c.engine.clone()).collect();
         Redlock::over(engines, name)
     }

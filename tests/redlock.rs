@@ -332,3 +332,21 @@ async fn shutting_down_one_client_releases_the_redlock_everywhere() {
         client.shutdown().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_client_twice_is_refused() {
+    init_tracing();
+    let servers: Vec<RedisServer> = (0..2).map(|_| RedisServer::start()).collect();
+    let clients = clients(&urls(&servers)).await;
+    // [a, a, b]: one server would answer twice and make a quorum of 2 out of 3 alone.
+    let twice = [clients[0].clone(), clients[0].clone(), clients[1].clone()];
+    match Redlock::new(&twice, "votes") {
+        Err(Error::InvalidConfig(message)) => assert!(message.contains("twice"), "{message}"),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+    // Distinct clients are fine.
+    assert!(Redlock::new(&clients, "votes").is_ok());
+    for client in &clients {
+        client.shutdown().await.unwrap();
+    }
+}
