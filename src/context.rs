@@ -142,14 +142,7 @@ impl Context {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value> {
-        // fred's keys take the strings over without a copy; the calls below borrow them.
-        let keys: Vec<Key> = keys.into_iter().map(Key::from).collect();
-        if script.issues_tokens() {
-            return self.run_fenced(script, lock, &keys, args).await;
-        }
-        self.call(script, &keys, &args, false)
-            .await
-            .map_err(|err| self.script_error(err, lock, first_key(&keys)))
+        self.run_with(script, lock, keys, args, false).await
     }
 
     /// [`run`](Self::run) for a script that must not run twice (a latch's count-down, which
@@ -164,8 +157,24 @@ impl Context {
         args: Vec<Value>,
     ) -> Result<Value> {
         debug_assert!(!script.issues_tokens());
+        self.run_with(script, lock, keys, args, true).await
+    }
+
+    /// [`run`](Self::run); `once`: see [`run_once`](Self::run_once).
+    async fn run_with(
+        &self,
+        script: &Script,
+        lock: &str,
+        keys: Vec<String>,
+        args: Vec<Value>,
+        once: bool,
+    ) -> Result<Value> {
+        // fred's keys take the strings over without a copy; the calls below borrow them.
         let keys: Vec<Key> = keys.into_iter().map(Key::from).collect();
-        self.call(script, &keys, &args, true)
+        if script.issues_tokens() {
+            return self.run_fenced(script, lock, &keys, args).await;
+        }
+        self.call(script, &keys, &args, once)
             .await
             .map_err(|err| self.script_error(err, lock, first_key(&keys)))
     }

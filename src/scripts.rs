@@ -72,27 +72,16 @@ impl Script {
         keys: &[RedisKey],
         args: &[Value],
     ) -> Result<Value, fred::error::Error> {
-        let command = || {
-            (
-                MultipleKeys::from(keys.to_vec()),
-                Value::Array(args.to_vec()),
-            )
-        };
-        let (call_keys, call_args) = command();
-        match client
-            .evalsha::<Value, _, _, _>(self.sha.as_str(), call_keys, call_args)
-            .await
-        {
-            Err(err) if err.details().starts_with("NOSCRIPT") => {
-                tracing::debug!(
-                    script = self.name,
-                    "script not cached on the server, reloading"
-                );
-                let (call_keys, call_args) = command();
-                client.eval(self.body.as_str(), call_keys, call_args).await
+        self.sha_then_body(|text, by_body| {
+            let (keys, args) = (MultipleKeys::from(keys.to_vec()), args.to_vec());
+            async move {
+                match by_body {
+                    false => client.evalsha(text, keys, args).await,
+                    true => client.eval(text, keys, args).await,
+                }
             }
-            other => other,
-        }
+        })
+        .await
     }
 
     /// [`run`](Self::run), but each command is written at most once: fred does not re-send it
@@ -113,26 +102,35 @@ impl Script {
         let slot = keys
             .first()
             .map_or(0, |key| fred::util::redis_keyslot(key.as_bytes()));
-        let command = |name: &'static str, script: &str| {
+        self.sha_then_body(|text, by_body| {
             let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-            call.push(script.into());
+            call.push(text.into());
             call.push((keys.len() as i64).into());
             call.extend(keys.iter().cloned().map(Value::from));
             call.extend(args.iter().cloned());
-            (
-                CustomCommand::new_static(name, ClusterHash::Custom(slot), false),
-                call,
-            )
-        };
-        let (evalsha, call) = command("EVALSHA", &self.sha);
-        match once.custom::<Value, _>(evalsha, call).await {
+            let name = if by_body { "EVAL" } else { "EVALSHA" };
+            let command = CustomCommand::new_static(name, ClusterHash::Custom(slot), false);
+            let once = &once;
+            async move { once.custom(command, call).await }
+        })
+        .await
+    }
+
+    /// Calls `call` with the script's SHA1 (`by_body` false), and once more with its body
+    /// (`by_body` true) when the server answers `NOSCRIPT` (it never saw the script, or lost
+    /// it), which also caches the script there again.
+    async fn sha_then_body<'a, F, Fut>(&'a self, call: F) -> Result<Value, fred::error::Error>
+    where
+        F: Fn(&'a str, bool) -> Fut,
+        Fut: std::future::Future<Output = Result<Value, fred::error::Error>>,
+    {
+        match call(self.sha.as_str(), false).await {
             Err(err) if err.details().starts_with("NOSCRIPT") => {
                 tracing::debug!(
                     script = self.name,
                     "script not cached on the server, reloading"
                 );
-                let (eval, call) = command("EVAL", &self.body);
-                once.custom(eval, call).await
+                call(self.body.as_str(), true).await
             }
             other => other,
         }

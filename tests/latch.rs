@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use fred::interfaces::{HashesInterface, KeysInterface};
-use fredlock::{Config, CountDownLatch, Error, LockClient, NotificationMode};
+use fredlock::{CountDownLatch, Error, LockClient, NotificationMode};
 use support::{
     bounded, connect, in_both_modes, init_tracing, poll_once, shutdown, RedisServer, ReplyDropper,
 };
@@ -189,11 +189,7 @@ async fn a_count_down_whose_reply_is_lost_is_not_applied_twice() {
     init_tracing();
     let server = RedisServer::start();
     let proxy = ReplyDropper::start(server.port()).await;
-    let mut config = Config::new(proxy.url());
-    config.key_prefix = "latch-lost".into();
-    // The notifier must stay silent while a reply is being swallowed.
-    config.notifier_block = Duration::from_secs(120);
-    let locks = connect(config).await;
+    let locks = connect(proxy.config("latch-lost")).await;
     let latch = locks.count_down_latch("once").unwrap();
     assert!(latch.try_set_count(4).await.unwrap());
     // The script is cached now: the reply swallowed below is the script's, not a NOSCRIPT.

@@ -560,11 +560,7 @@ async fn retried_calls_after_a_lost_reply_are_not_applied_twice() {
     init_tracing();
     let server = RedisServer::start();
     let proxy = ReplyDropper::start(server.port()).await;
-    let mut cfg = Config::new(proxy.url());
-    cfg.key_prefix = "retry".into();
-    // The notifier must stay silent while a reply is being swallowed.
-    cfg.notifier_block = Duration::from_secs(120);
-    let locks = LockClient::connect(cfg).await.unwrap();
+    let locks = LockClient::connect(proxy.config("retry")).await.unwrap();
     let me = Owner::new();
     let mutex = locks.mutex("idempotent").unwrap().with_owner(&me);
     let first = mutex.lock().await.unwrap();

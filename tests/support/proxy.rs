@@ -39,6 +39,15 @@ impl ReplyDropper {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// A client configuration through the proxy under `prefix`, whose notifier stays silent
+    /// while a reply is being swallowed (its blocking read outlasts any test).
+    pub fn config(&self, prefix: &str) -> fredlock::Config {
+        let mut config = fredlock::Config::new(self.url());
+        config.key_prefix = prefix.into();
+        config.notifier_block = std::time::Duration::from_secs(120);
+        config
+    }
+
     /// The next reply from Redis, on any connection, is swallowed and its connection cut.
     pub fn arm(&self) {
         self.armed.store(true, Ordering::SeqCst);
