@@ -141,7 +141,7 @@ pub struct Config {
     /// hold in Redis stays as it was (under the first task's owner and token); the new guard
     /// gets the token one above its predecessor's, the rest of its lease (topped up later, like a
     /// short grant), and the same [`lost`](crate::LockGuard::lost) watch. Such hand-overs stop
-    /// a while after the hold was last written in Redis: half the
+    /// a while after the hold was last written in Redis (or its grant arrived): half the
     /// [`Config::handover_limit`] when nobody else waited then, else one and a half limits
     /// shared among the waiters queued in Redis and the holder (at most half a limit). Then a
     /// release script looks at the queue again (and may grant the lock to it), so the

@@ -262,8 +262,10 @@ fn hold_key(role: &str, owner: &str, lock: &str) -> String {
 pub(crate) struct RedisHold {
     pub(crate) owner: Owner,
     pub(crate) token: u64,
-    /// When the hold was written in Redis, by the latest measure (the call was sent then):
-    /// hand-overs within the process stop a while after it, and a release script looks at the
+    /// When the hold was written in Redis (the call was sent then), or, for a hold granted from
+    /// the queue, when the grant arrived: hand-overs within the process stop a while after it
+    /// (not a safety bound: the hold's deadline counts from an instant known to precede the
+    /// write, which for a grant may be much earlier), and a release script looks at the
     /// Redis queue again.
     pub(crate) written_at: Instant,
     /// About how many waiters of other clients were queued in Redis when it was written.

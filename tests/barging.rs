@@ -878,3 +878,62 @@ async fn a_hold_handed_on_after_its_redis_hold_went_away_is_fenced_out() {
         shutdown(&b).await;
     }
 }
+
+/// A hold granted from the queue is handed on within its process like a hold its process
+/// took: the window of hand-overs without a call counts from the grant's arrival, not from the
+/// waiter's attempt long before it, and a short grant (its lease min(lease, waiter_lease)) may
+/// be handed on. Otherwise a process granted the lock under a long queue passes it straight
+/// back to the queue, and the mutex serves strictly in turn, one hand-off between processes
+/// per acquisition.
+#[tokio::test(flavor = "current_thread")]
+async fn a_hold_granted_from_the_queue_is_handed_on_without_a_call() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let test = "grantedwithin";
+        let mut config_b = config(&server, test, mode);
+        // Windows of at most a second; grants of 6 s, a fifth of the 30 s lease.
+        config_b.handover_limit = Duration::from_secs(2);
+        config_b.waiter_lease = Duration::from_secs(6);
+        let a = connect(config(&server, test, mode)).await;
+        let b = connect(config_b).await;
+        let c = connect(config(&server, test, mode)).await;
+
+        let a_guard = bounded("A locks", a.mutex(NAME).unwrap().lock())
+            .await
+            .unwrap();
+        let hold_key = find_hold(&server, &prefix(test, mode), "mutex", NAME).unwrap();
+        let mutex = b.mutex(NAME).unwrap();
+        let b_task = queue_lock(&server, &hold_key, mutex.clone(), 1).await;
+        let c_task = queue_lock(&server, &hold_key, c.mutex(NAME).unwrap(), 2).await;
+        // B's attempt was sent longer than a window ago when the grant arrives.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        a_guard.unlock().await.unwrap();
+        let granted = joined("B is granted the lock", b_task).await.unwrap();
+        assert_eq!(b.stats().granted, 1, "{mode:?}");
+
+        // C still waits behind it: the release is deferred, and the next lock() of B takes
+        // the hold over without a call.
+        let before = b.stats();
+        let token = granted.fencing_token();
+        granted.unlock().await.unwrap();
+        let again = bounded("B locks again", mutex.lock()).await.unwrap();
+        let after = b.stats();
+        assert_eq!(
+            after.handed_locally,
+            before.handed_locally + 1,
+            "{mode:?}: {after:?}"
+        );
+        assert_eq!(after.attempts, before.attempts, "{mode:?}");
+        assert_eq!(again.fencing_token(), token + 1, "{mode:?}");
+        assert!(!c_task.is_finished(), "{mode:?}: C still waits");
+
+        again.unlock().await.unwrap();
+        let c_guard = joined("C is granted the lock", c_task).await.unwrap();
+        assert!(c_guard.fencing_token() > token + 1, "{mode:?}");
+        c_guard.unlock().await.unwrap();
+        for client in [&a, &b, &c] {
+            shutdown(client).await;
+        }
+    }
+}

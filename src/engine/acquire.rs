@@ -32,7 +32,7 @@ use super::{Attempt, Driver, DriverHold, Successor};
 use crate::config::{check_duration, MAX_DURATION};
 use crate::context::BoxFuture;
 use crate::error::{Backoff, Error, Result};
-use crate::lease::{renew_holds, Lease};
+use crate::lease::{renew_holds, Lease, RedisHold};
 use crate::notify::{Bid, Granted, HandedOver, Registration};
 use crate::owner::{op_id, Owner};
 
@@ -607,6 +607,14 @@ async fn take_up(
         // A grant or a hand-over: others wanted the lock (see `crate::engine::contention`).
         core.contention.contended(driver.keys().id());
     }
+    // The deadline counts from `acquired_at`, an instant known to precede the grant. The
+    // local hand-over window (`crate::engine::cohort`) counts from now for a grant.
+    let redis = matches!(source, Source::OtherClient { .. }).then(|| RedisHold {
+        owner: owner.clone(),
+        token,
+        written_at: Instant::now(),
+        queued: source.queued(),
+    });
     let hold = core.holds.adopt(
         driver.clone(),
         owner,
@@ -614,7 +622,7 @@ async fn take_up(
         lease,
         (acquired_at, lasts),
         source.queued(),
-        None,
+        redis,
     );
     tracing::debug!(token, "acquired");
     Ok(hold)

@@ -18,9 +18,10 @@
 //!   forced unlock, a data loss), whoever takes the lock there draws a token from the server
 //!   clock, above these: a task handed a hold that was gone is fenced out like any old holder.
 //! * **Lease.** The new hold has what is left of the Redis hold's lease (at least half of its
-//!   own), and is topped up to its full lease by the watchdog a third into that, like a short
+//!   own, or of the waiter lease if shorter: a short grant is handed on too), and is topped up to its full lease by the watchdog a third into that, like a short
 //!   grant; renewals and a lost hold concern the Redis hold, so every guard on it hears of them.
-//! * **Fairness.** Hand-overs stop a while after the hold was last written in Redis (see
+//! * **Fairness.** Hand-overs stop a while after the hold was last written in Redis, or after
+//!   its grant arrived (see
 //!   [`Config::local_handover`](crate::Config::local_handover)): the next one is a release
 //!   script, which grants the lock to the Redis queue when its first waiter is due. The
 //!   window is short when waiters of other processes were queued, so the queue moves.
@@ -64,7 +65,8 @@ pub(crate) fn hand_over(
     let window = window(config.handover_limit, hold.redis.queued);
     let left = hold.deadline().saturating_duration_since(now);
     let lasts = left.min(initial);
-    if now >= hold.redis.written_at + window || left < DEFER_MIN_LEFT || lasts < initial / 2 {
+    let least = initial.min(config.waiter_lease) / 2;
+    if now >= hold.redis.written_at + window || left < DEFER_MIN_LEFT || lasts < least {
         return None;
     }
     Some(HandedOver {
