@@ -387,3 +387,47 @@ fn assert_not_held(err: &Error, reason: NotHeldReason, mode: NotificationMode) {
         "{mode:?}: {err:?}"
     );
 }
+
+/// `unlock()` then `shutdown()` at once, with another client waiting: the release of the
+/// contended hold is deferred, and its task may start on another worker thread before
+/// shutdown runs (the test body, like `main` under `#[tokio::main]`, is not a worker thread).
+/// Shutdown waits for that release instead of closing the connection under it: the waiter is
+/// granted the lock now, not when the released hold's 120 s lease runs out. Several rounds:
+/// whether the task starts before shutdown's drain is up to the OS scheduler (the failing
+/// order, a task that started but had not sent its call when the connection closed, is rare).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_right_after_unlock_lets_the_deferred_release_finish() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("shutdown-deferred-{}", mode.as_str());
+        let waiting = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+        let mutex = waiting.mutex("handed").expect("mutex");
+        for round in 0..12 {
+            let locks = connect(sharded_config(&server.url(), &prefix, mode, 1)).await;
+            let held = locks
+                .mutex("handed")
+                .expect("mutex")
+                .with_lease(Lease::fixed(Duration::from_secs(120)))
+                .expect("lease");
+            let guard = bounded("lock", held.lock()).await.expect("lock");
+            let waiter = tokio::spawn({
+                let mutex = mutex.clone();
+                async move { mutex.lock().await }
+            });
+            // The holder's client hears of the waiter, which makes its release deferred.
+            eventually("the holder hears of the waiter", || {
+                locks.stats().queued_behind > 0
+            })
+            .await;
+            guard.unlock().await.expect("unlock");
+            locks.shutdown().await.expect("shutdown");
+            let granted = bounded("the waiter is granted the lock", waiter)
+                .await
+                .expect("join")
+                .unwrap_or_else(|err| panic!("{mode:?} round {round}: {err}"));
+            granted.unlock().await.expect("unlock");
+        }
+        shutdown(&waiting).await;
+    }
+}

@@ -338,6 +338,10 @@ impl Engine {
         for task in tasks {
             let _ = tokio::time::timeout(core.ctx.config.command_timeout, task).await;
         }
+        // Deferred releases whose task had started before the drain above are on their way:
+        // they need the connection that hang_up closes.
+        let deadline = tokio::time::Instant::now() + core.ctx.config.command_timeout;
+        core.parked.settled(deadline).await;
         core.ctx.hang_up();
         for notifier in &self.notifiers {
             hang_up(notifier).await;

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use super::{Driver, DriverHold, Released, Successor};
@@ -28,6 +28,9 @@ use crate::notify::Bid;
 #[derive(Default)]
 pub(crate) struct ParkedHolds {
     holds: DashMap<Arc<str>, Parked>,
+    /// Signalled by every [`finish`](ParkedHolds::finish): shutdown waits for the releases on
+    /// their way ([`ParkedHolds::settled`]).
+    finished: Notify,
 }
 
 /// A parked hold, the acquisition that asked to take it over, and those that asked after.
@@ -155,6 +158,30 @@ impl ParkedHolds {
                     remaining: 0,
                     successor: Successor::Passed,
                 }));
+            }
+        }
+        self.finished.notify_waiters();
+    }
+
+    /// Waits until no hold is parked any more, at most until `deadline` (shutdown, after
+    /// [`drain`](Self::drain) took those whose release had not started). A release already on
+    /// its way (its task started on another worker thread while the client shut down) needs
+    /// the connection that shutdown closes next: cut off, it would fail and leave the lock
+    /// held in Redis until its lease ran out, with others waiting for it.
+    pub(crate) async fn settled(&self, deadline: Instant) {
+        loop {
+            let finished = self.finished.notified();
+            tokio::pin!(finished);
+            finished.as_mut().enable();
+            if self.holds.is_empty() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, finished).await.is_err() {
+                tracing::warn!(
+                    parked = self.holds.len(),
+                    "shutdown: deferred releases still on their way; closing the connection"
+                );
+                return;
             }
         }
     }
