@@ -350,3 +350,39 @@ async fn the_same_client_twice_is_refused() {
         client.shutdown().await.unwrap();
     }
 }
+
+/// While an instance is down, every round leaves an attempt there to settle (it may have run
+/// after all, and its hold must then be given back): one background task per instance works
+/// through them, however many rounds there are, rather than one task per round, each retrying
+/// until its lease would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_against_a_dead_instance_leave_one_settling_task_behind() {
+    init_tracing();
+    let mut servers = start_five();
+    let clients = clients(&urls(&servers)).await;
+    let lock = Redlock::new(&clients, "steady").unwrap();
+    servers[0].kill();
+    let cycle = || async {
+        let guard = tokio::time::timeout(HANG, lock.lock())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(guard.instances(), 4);
+        guard.unlock().await.unwrap();
+    };
+    cycle().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    for _ in 0..10 {
+        cycle().await;
+    }
+    let after = metrics.num_alive_tasks();
+    assert!(
+        after <= before + 2,
+        "10 rounds against a dead instance left {} more tasks alive",
+        after.saturating_sub(before)
+    );
+    for client in clients {
+        let _ = client.shutdown().await;
+    }
+}

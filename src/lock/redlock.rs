@@ -16,6 +16,7 @@
 //! (`engine::release::release_retrying`). The rounds, the quorum and the validity are this
 //! module's own.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -68,6 +69,9 @@ use crate::owner::{op_id, Owner};
 pub struct Redlock {
     name: String,
     instances: Vec<Arc<dyn Driver>>,
+    /// Per instance, in the order of `instances`: the attempts it did not answer, still to be
+    /// settled (shared by the clones of the handle).
+    unanswered: Arc<[Arc<Unanswered>]>,
     owner: Option<Owner>,
     lease: Lease,
 }
@@ -86,6 +90,7 @@ impl Redlock {
             .collect::<Result<Vec<_>>>()?;
         Ok(Redlock {
             name: name.to_owned(),
+            unanswered: instances.iter().map(|_| Arc::default()).collect(),
             instances,
             owner: None,
             lease,
@@ -211,6 +216,7 @@ impl Redlock {
         let quorum = self.quorum();
         let work = round(
             instances.clone(),
+            self.unanswered.clone(),
             owner.clone(),
             waiter,
             lease,
@@ -244,6 +250,7 @@ enum Round {
 /// Asks every instance at once; keeps the lock only with a quorum and validity left.
 async fn round(
     instances: Vec<Arc<dyn Driver>>,
+    unanswered: Arc<[Arc<Unanswered>]>,
     owner: Owner,
     waiter: Arc<str>,
     lease: Duration,
@@ -259,19 +266,19 @@ async fn round(
         .command_timeout
         .min(lease / 2);
     let mut calls = JoinSet::new();
-    for driver in &instances {
+    for (index, driver) in instances.iter().enumerate() {
         let attempt =
             driver
                 .clone()
                 .try_acquire(owner.clone(), waiter.clone(), op.clone(), lease, waiting);
         let driver = driver.clone();
-        calls.spawn(async move { (driver, tokio::time::timeout(timeout, attempt).await) });
+        calls.spawn(async move { (index, driver, tokio::time::timeout(timeout, attempt).await) });
     }
     let mut granted = Vec::new();
     let mut reachable = 0;
     let mut ttl = lease;
     while let Some(joined) = calls.join_next().await {
-        let Ok((driver, answer)) = joined else {
+        let Ok((index, driver, answer)) = joined else {
             continue;
         };
         let unknown = match answer {
@@ -299,13 +306,13 @@ async fn round(
             error = unknown,
             "instance did not answer"
         );
-        tokio::spawn(settle_unanswered(
-            driver,
-            owner.clone(),
-            op.clone(),
+        let asked = Asked {
+            owner: owner.clone(),
+            op: op.clone(),
             lease,
-            started + lease,
-        ));
+            lease_end: started + lease,
+        };
+        unanswered[index].settle(&driver, asked);
     }
     if granted.len() >= quorum && validity(lease, started).is_some() {
         return Ok(Round::Won(granted, started));
@@ -319,18 +326,82 @@ async fn round(
     })
 }
 
+/// The attempts one instance did not answer, still to be settled ([`settle_unanswered`]), and
+/// whether a task settles them. One task per instance works through them in turn: while an
+/// instance is down every round leaves one behind, and a task each, each retrying until its
+/// lease would have ended, would pile up by the thousand under a steady load.
+#[derive(Default)]
+struct Unanswered {
+    pending: StdMutex<VecDeque<Asked>>,
+    settling: AtomicBool,
+}
+
+/// An attempt to settle: the round's owner and op id, its lease, and when that would end.
+struct Asked {
+    owner: Owner,
+    op: String,
+    lease: Duration,
+    lease_end: Instant,
+}
+
+impl Unanswered {
+    /// Queues `asked` for `driver`'s instance (dropping queued attempts whose lease has ended:
+    /// nothing of theirs can be held any more), and starts the settling task unless it runs.
+    fn settle(self: &Arc<Self>, driver: &Arc<dyn Driver>, asked: Asked) {
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            pending.retain(|earlier| earlier.lease_end > now);
+            pending.push_back(asked);
+        }
+        if self.settling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (queue, driver) = (self.clone(), driver.clone());
+        tokio::spawn(async move {
+            loop {
+                let next = queue.next();
+                if let Some(asked) = next {
+                    settle_unanswered(&driver, asked).await;
+                    continue;
+                }
+                queue.settling.store(false, Ordering::Release);
+                // An attempt queued between the look and the store saw this task running: take
+                // it on, unless another task started for it meanwhile.
+                if queue.is_empty() || queue.settling.swap(true, Ordering::AcqRel) {
+                    return;
+                }
+            }
+        });
+    }
+
+    fn next(&self) -> Option<Asked> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop_front()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+}
+
 /// An instance that did not answer a round's attempt may have taken the hold all the same
 /// (its reply was lost, or arrives late). Asks it again with the attempt's op id, which the
 /// acquire script answers instead of applying twice (an attempt that never ran is applied
 /// now), and releases what it says was taken; transient failures are retried until the lease
 /// of the attempt would have ended anyway.
-async fn settle_unanswered(
-    driver: Arc<dyn Driver>,
-    owner: Owner,
-    op: String,
-    lease: Duration,
-    lease_end: Instant,
-) {
+async fn settle_unanswered(driver: &Arc<dyn Driver>, asked: Asked) {
+    let Asked {
+        owner,
+        op,
+        lease,
+        lease_end,
+    } = asked;
     let mut backoff = Backoff::default();
     loop {
         let ask = driver
@@ -339,7 +410,7 @@ async fn settle_unanswered(
         match ask.await {
             Ok(Attempt::Acquired { token, .. }) => {
                 let released =
-                    release_retrying(&driver, &owner, token, None, lease_end, None, None).await;
+                    release_retrying(driver, &owner, token, None, lease_end, None, None).await;
                 tracing::debug!(
                     lock = driver.keys().name(),
                     ?released,
