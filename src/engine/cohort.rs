@@ -18,8 +18,9 @@
 //!   forced unlock, a data loss), whoever takes the lock there draws a token from the server
 //!   clock, above these: a task handed a hold that was gone is fenced out like any old holder.
 //! * **Lease.** The new hold has what is left of the Redis hold's lease (at least half of its
-//!   own, or of the waiter lease if shorter: a short grant is handed on too), and is topped up to its full lease by the watchdog a third into that, like a short
-//!   grant; renewals and a lost hold concern the Redis hold, so every guard on it hears of them.
+//!   own, or of the waiter lease if shorter: a short grant is handed on too), and is topped
+//!   up to its full lease by the watchdog a third into that, like a short grant; renewals and
+//!   a lost hold concern the Redis hold, so every guard on it hears of them.
 //! * **Fairness.** Hand-overs stop a while after the hold was last written in Redis, or after
 //!   its grant arrived (see
 //!   [`Config::local_handover`](crate::Config::local_handover)): the next one is a release
