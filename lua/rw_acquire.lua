@@ -183,7 +183,8 @@ end
 -- It waits: it queues (unless it only tries), at the tail; the lapsed holds it met go.
 if waiter_lease > 0 and not queued then
   local lasts = math.max(math.min(lease, waiter_lease), 0)
-  queue = queue .. fl_rw_queue_line(waiter, inbox, owner, lease, lasts, now_ms + waiter_lease)
+  queue = queue .. fl_rw_queue_line(waiter, inbox, owner, lease, lasts, now_ms,
+    now_ms + waiter_lease)
 elseif queued then
   queue = q
 end

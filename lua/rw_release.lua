@@ -3,10 +3,11 @@
 -- alone once no read hold is left, or the readers at the head together).
 -- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
--- A write release may name a successor: a task of the releasing process that asks for the
--- write hold right after this release (a take-over of a deferred release). The lock is fair:
--- the successor is handed the lock only when nobody is queued; otherwise the lock goes to the
--- queue and the successor joins its tail in the same call, as a busy rw_acquire would.
+-- A write release may name a successor: a task of the releasing process that waits for the
+-- write hold, or asks for it right after this release (a take-over of a deferred release).
+-- The successor is handed the lock unless a queued waiter is due (ARGV[13]); otherwise the
+-- lock goes to the queue, and a successor that asks by this call joins its tail in the same
+-- call, as a busy rw_acquire would.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
 -- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
@@ -25,11 +26,21 @@
 -- ARGV[10] successor  successor owner id, "" for none (write side only)
 -- ARGV[11] successor-waiter  the successor's waiter id
 -- ARGV[12] successor-lease   its lease in ms
--- ARGV[13] limit   unused (the lock is fair: a successor never passes a queued waiter)
+-- ARGV[13] limit   the first waiter of the queue is due once it has waited this many ms (0:
+--                  always): the successor is handed the write hold, and takes the place of its
+--                  own line if it queued, unless read holds are live or another waiter is due
+--                  (eventual fairness, as hold_release.lua's; bounds every wait behind the
+--                  write side's hand-overs)
 -- ARGV[14] inbox   the successor's client's inbox tag (a write hold handed to it tells that
 --                  client of its first waiter: field i of lib/rw.lua)
 -- ARGV[15] successor-queues  the waiter lease of its client (its grant ms at most): when the
---                  lock goes to the queue, the successor joins the queue's tail
+--                  lock goes to the queue, the successor joins the queue's tail; "" for a
+--                  successor that waits already (a task of the releasing process, queued here
+--                  or not)
+-- ARGV[16] floor   the highest fencing token the releasing client issued for this write hold
+--                  within its own process (local hand-overs, docs/design.md), "" or missing
+--                  for none: the lock's next token (a hand-over, a grant, a later take) is
+--                  above it
 --
 -- Returns {1, holds left} when released (0: this side's hold is gone),
 --         {1, 0, token, queued} when the write hold was handed to the successor with this
@@ -46,7 +57,7 @@ local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumb
 local mode, lock_id, side = ARGV[6], ARGV[8], ARGV[9]
 local successor, successor_waiter = ARGV[10] or '', ARGV[11] or ''
 local successor_lease, successor_inbox = tonumber(ARGV[12]) or 0, ARGV[14] or ''
-local successor_queues = ARGV[15] or ''
+local limit, successor_queues = tonumber(ARGV[13]) or 0, ARGV[15] or ''
 
 -- The freed-by chain keeps up to eight op ids: the read holds of many owners end one after
 -- the other, and each final release's retry must still find its own.
@@ -123,18 +134,24 @@ if all ~= '1' and count > 1 then
   return {1, count - 1}
 end
 
+-- Tokens the client issued within its process continue the hold's: what follows goes above.
+local floor = ARGV[16]
+if floor and fl_above(floor, fields[3]) then
+  fields[3], state.f = floor, floor
+end
+
 local freed_by = fl_freed_chain(op, fields[6], CHAIN)
 state.writer, state.ends = false, 0
 
--- The successor takes the write hold over when nobody else is in line for it.
-local function hand_over()
+-- The successor takes the write hold over, with `rest` left queued behind it.
+local function hand_over(rest)
   local next_token = fl_next_token(state.f or fields[3])
   state.writer, state.ends = successor, now_ms + successor_lease
   redis.call('HSET', hold, 'o', successor, 'c', '1', 'f', next_token, 'l', ARGV[12],
-    'r', successor_waiter, 'x', freed_by, 'q', '', 'g', successor_waiter,
+    'r', successor_waiter, 'x', freed_by, 'q', rest, 'g', successor_waiter,
     'e', string.format('%d', state.ends), 's', fl_rw_readers(state), 'i', successor_inbox)
   fl_rw_keep(hold, state, now_ms, window)
-  return {1, 0, next_token, 0}
+  return {1, 0, next_token, fl_rw_queued(rest)}
 end
 
 -- A successor that holds a read hold itself asks for an upgrade, which its own attempt refuses:
@@ -144,20 +161,24 @@ if successor == '' or string.byte(successor_waiter, 1) ~= 119 or
   settle(freed_by)
   return {1, 0}
 end
-if q == '' and state.readers == 0 then
-  return hand_over()
+-- Nobody else in line, the successor first in it, or nobody due: the successor (which may be
+-- queued itself: it leaves the queue) takes the lock.
+local rest, queued = fl_rw_without(q, successor_waiter)
+if state.readers == 0 and (rest == '' or not fl_rw_due(rest, now_ms, limit) or
+    (queued and string.find(q, successor_waiter .. ' ', 1, true) == 1)) then
+  return hand_over(rest)
 end
 local tail
 if successor_queues ~= '' and not fl_rw_find(q, successor_waiter) then
   local waiter_lease = tonumber(successor_queues)
   local lasts = math.max(math.min(successor_lease, waiter_lease), 0)
   tail = fl_rw_queue_line(successor_waiter, successor_inbox, successor, successor_lease, lasts,
-    now_ms + waiter_lease)
+    now_ms, now_ms + waiter_lease)
 end
 local granted, left = settle(freed_by, tail)
 if not granted and state.readers == 0 and (left == '' or left == tail) then
   -- Nobody in line could be granted it (their clients are gone): the successor takes it.
-  return hand_over()
+  return hand_over('')
 end
 if tail or fl_rw_find(left, successor_waiter) then
   return queued_reply()

@@ -108,7 +108,8 @@ pub struct Config {
     /// applied twice. `try_lock` never retries; zero turns retries off.
     #[serde(with = "humantime_serde")]
     pub transient_retry: Duration,
-    /// Barging [`Mutex`](crate::Mutex) only: the eventual-fairness bound. A release hands the
+    /// Barging [`Mutex`](crate::Mutex) and the write side of an [`RwLock`](crate::RwLock):
+    /// the eventual-fairness bound. A release hands the
     /// lock straight to a task of its own process (one round trip, no event, no herd) as long
     /// as no waiter of another process has waited this long; past it, the release grants the
     /// lock to the waiter queued longest (and the release of that grant may hand over once
@@ -134,7 +135,8 @@ pub struct Config {
     /// [`LockClient::shutdown`](crate::LockClient::shutdown) sends the deferred releases; a
     /// runtime that stops without it leaves them to their leases.
     pub defer_release: bool,
-    /// Barging [`Mutex`](crate::Mutex) only, for acquisitions through a handle without an
+    /// Barging [`Mutex`](crate::Mutex) and the write side of an [`RwLock`](crate::RwLock),
+    /// for acquisitions through a handle without an
     /// [`Owner`](crate::Owner) (nobody re-enters their holds): the release of a contended hold
     /// may hand the lock to another task of this client without a round trip, when that task
     /// waits for it or asks for it right after the release ([`Config::defer_release`]). The

@@ -33,7 +33,7 @@ use crate::keys::Keyspace;
 
 /// Version of the key layout; part of the record, so clients of another layout version are
 /// refused too.
-const VERSION: &str = "v10";
+const VERSION: &str = "v11";
 
 /// One client's layout and what it knows of the server's.
 #[derive(Debug)]
@@ -175,10 +175,10 @@ mod tests {
         }
         for foreign in [
             "",
-            "v9 shards=1 notification=stream",
-            "v10 shards=x notification=stream",
-            "v10 shards=1 notification=poll",
-            "v10 shards=1 notification=stream extra",
+            "v10 shards=1 notification=stream",
+            "v11 shards=x notification=stream",
+            "v11 shards=1 notification=poll",
+            "v11 shards=1 notification=stream extra",
         ] {
             assert_eq!(recorded_layout(foreign), None, "{foreign:?}");
         }

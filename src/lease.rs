@@ -537,13 +537,23 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
         holds
     }
 
-    /// The earliest lease deadline of this client's holds of the lock `lock_id` for other
-    /// owners than `owner` (any role), if there are any.
-    pub(crate) fn held_by_other(&self, lock_id: &str, owner: &Owner) -> Option<Instant> {
+    /// The earliest lease deadline of this client's holds of `role` (see
+    /// [`HoldKind::hold_role`]) of the lock `lock_id` for other owners than `owner`, if there
+    /// are any.
+    pub(crate) fn held_by_other(
+        &self,
+        lock_id: &str,
+        role: &str,
+        owner: &Owner,
+    ) -> Option<Instant> {
         let holds = self.by_lock.get(lock_id)?;
         holds
             .iter()
-            .filter(|hold| hold.owner.id() != owner.id() && hold.lost_cause().is_none())
+            .filter(|hold| {
+                hold.lock.hold_role() == role
+                    && hold.owner.id() != owner.id()
+                    && hold.lost_cause().is_none()
+            })
             .map(|hold| hold.deadline())
             .min()
     }

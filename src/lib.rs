@@ -30,7 +30,8 @@
 //! * [`FairMutex`] ([`LockClient::fair_mutex`]): the same, but strictly first-come,
 //!   first-served across all processes, with dead waiters evicted within a waiter lease.
 //! * [`RwLock`] ([`LockClient::rwlock`]): many readers or one writer; once a writer waits, new
-//!   readers queue behind it; per-hold leases; downgrade, no upgrade.
+//!   readers queue behind it; writers barge within a process as on a [`Mutex`] (bounded by
+//!   the same limit); per-hold leases; downgrade, no upgrade.
 //! * [`Redlock`]: one exclusive lock over N independent masters (quorum N/2+1), for when a
 //!   single Redis is not trusted to keep a lock through a failover.
 //! * [`MultiLock`]: several of the locks above taken all or nothing under one guard, in one

@@ -213,7 +213,7 @@ async fn a_tool_connects_with_the_recorded_layout() {
     server.cmd(&[
         "SET",
         &layout_key("damaged"),
-        "v10 shards=60000 notification=stream",
+        "v11 shards=60000 notification=stream",
     ]);
     server.cmd(&[
         "SET",

@@ -4,13 +4,15 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::interfaces::KeysInterface;
 use fredlock::{Config, Error, Lease, LockClient, NotificationMode, Owner};
 use support::{
-    emit_result, eventually_async, init_tracing, is_worker, parse_mode, spawn_worker_handle,
-    take_over_deferred, worker_param, RedisServer, HANG, MODES,
+    bounded, connect, emit_result, eventually, eventually_async, find_hold, hold_owner,
+    init_tracing, is_worker, joined, parse_mode, shutdown, spawn_worker_handle, take_over_deferred,
+    worker_param, RedisServer, HANG, MODES,
 };
 
 /// One shard, so the test can name the lock's hash: `{prefix:0}:rw:<name>`.
@@ -446,14 +448,30 @@ struct Queued {
 }
 
 /// C holds the write hold; A's writer, then B's reader queue behind it; C's release grants the
-/// write hold to A, B still queued.
+/// write hold to A, B still queued. The clients' `handover_limit` is zero: the strictly fair
+/// read-write lock, whose writers never pass a queued waiter (a take-over included).
 async fn write_granted_with_a_reader_queued(
     server: &RedisServer,
     mode: NotificationMode,
     prefix: &str,
     name: &str,
 ) -> Queued {
-    let connect = || LockClient::connect(config(&server.url(), mode, prefix));
+    write_granted_with_a_reader_queued_within(server, mode, prefix, name, Duration::ZERO).await
+}
+
+/// [`write_granted_with_a_reader_queued`] with the clients' `handover_limit` `limit`.
+async fn write_granted_with_a_reader_queued_within(
+    server: &RedisServer,
+    mode: NotificationMode,
+    prefix: &str,
+    name: &str,
+    limit: Duration,
+) -> Queued {
+    let connect = || {
+        let mut config = config(&server.url(), mode, prefix);
+        config.handover_limit = limit;
+        LockClient::connect(config)
+    };
     let (a, b, c) = (
         connect().await.unwrap(),
         connect().await.unwrap(),
@@ -489,8 +507,8 @@ async fn write_granted_with_a_reader_queued(
     }
 }
 
-/// A writer that asks again right after its own write release (a worker loop) joins the
-/// queue's tail in that release's call: A's write hold came by a grant with reader B queued
+/// On the strictly fair lock (`handover_limit` zero), a writer that asks again right after
+/// its own write release (a worker loop) joins the queue's tail in that release's call: A's write hold came by a grant with reader B queued
 /// behind it, so A's `unlock()` is deferred; A's next `write()` sends the release naming
 /// itself, which grants B its read hold and queues A behind it, and A then waits for its own
 /// grant without an attempt of its own.
@@ -548,8 +566,57 @@ async fn a_writer_that_writes_again_right_after_its_release_queues_behind_the_re
     }
 }
 
-/// Only the write side takes a deferred write release over: a task that asks for a read hold
-/// right after its write release waits like any reader (here it joins the wave that the
+/// With a reader queued that has not waited `handover_limit`, a writer that asks again right
+/// after its own write release takes the write hold over ahead of it (writers barge, as on a
+/// `Mutex`: here without a call); its next release, which nobody takes over, names the last
+/// token and grants the reader its read hold, with a token above it.
+#[tokio::test(flavor = "current_thread")]
+async fn a_writer_that_writes_again_before_the_queue_is_due_takes_its_release_over() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("barge-{}", mode.as_str());
+        let limit = Duration::from_secs(10);
+        let Queued {
+            clients: [a, b, c],
+            writer: a_guard,
+            reader: b_task,
+        } = write_granted_with_a_reader_queued_within(&server, mode, &prefix, "loop", limit).await;
+        let first = a_guard.fencing_token();
+
+        a_guard.unlock().await.unwrap();
+        assert_eq!(
+            a.stats().deferred_releases,
+            1,
+            "{mode:?}: the release waits"
+        );
+        let a_again = tokio::time::timeout(HANG, long_lease(&a, "loop").write())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(a_again.fencing_token() > first, "{mode:?}");
+        assert_eq!(a.stats().taken_over, 1, "{mode:?}");
+        assert_eq!(queue_len(&server, &prefix, "loop"), 1, "{mode:?}: B waits");
+        assert!(!b_task.is_finished(), "{mode:?}");
+
+        let a_token = a_again.fencing_token();
+        a_again.unlock().await.unwrap();
+        let b_guard = tokio::time::timeout(HANG, b_task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(b_guard.fencing_token() > a_token, "{mode:?}: B after A");
+        b_guard.unlock().await.unwrap();
+        assert_no_leftovers(&server, &prefix, "loop");
+        for client in [a, b, c] {
+            client.shutdown().await.unwrap();
+        }
+    }
+}
+
+/// Only the write side takes a deferred write release over, with or without a call: a task
+/// that asks for a read hold right after its write release waits like any reader (here it joins the wave that the
 /// release grants to the reader queued before it), and is never handed the write hold.
 #[tokio::test(flavor = "current_thread")]
 async fn a_reader_right_after_a_write_release_does_not_take_the_write_hold_over() {
@@ -557,11 +624,14 @@ async fn a_reader_right_after_a_write_release_does_not_take_the_write_hold_over(
     let server = RedisServer::start();
     for mode in MODES {
         let prefix = format!("reread-{}", mode.as_str());
+        // Writers barge (a hand-over without a call would be allowed): still not to a reader.
+        let limit = Duration::from_secs(10);
         let Queued {
             clients: [a, b, c],
             writer: a_guard,
             reader: b_task,
-        } = write_granted_with_a_reader_queued(&server, mode, &prefix, "reread").await;
+        } = write_granted_with_a_reader_queued_within(&server, mode, &prefix, "reread", limit)
+            .await;
         let lock = |client: &LockClient| long_lease(client, "reread");
         a_guard.unlock().await.unwrap();
         assert_eq!(
@@ -981,5 +1051,72 @@ fn assert_no_leftovers(server: &RedisServer, prefix: &str, name: &str) {
     if server.cmd(&["EXISTS", &hash]).as_int() == 1 {
         let ttl = server.cmd(&["PTTL", &hash]).as_int();
         assert!(ttl > 0, "the tombstone must expire: ttl {ttl}");
+    }
+}
+
+/// Writers of one client taking turns through a handle without an owner pass the write hold on
+/// without a call, as the barging `Mutex`'s tasks do (`src/engine/cohort.rs`): the hold in
+/// Redis stays the first writer's, each guard's token is above the one before, another
+/// client's reader cannot get in meanwhile, and once they are done the lock is let go in Redis
+/// and the next hold, another client's read hold, has a token above every one handed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_of_one_client_hand_the_write_hold_on_without_a_call() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("rwwithin-{}", mode.as_str());
+        // A window and leases a loaded machine does not outlast.
+        let mut config_a = support::config(&server.url(), &prefix, mode);
+        config_a.handover_limit = Duration::from_secs(10);
+        config_a.waiter_lease = Duration::from_secs(20);
+        let a = connect(config_a).await;
+        let b = connect(support::config(&server.url(), &prefix, mode)).await;
+        let lock = a.rwlock("doc").unwrap();
+        let rival = b.rwlock("doc").unwrap();
+
+        let first = bounded("the first writer", lock.write()).await.unwrap();
+        let hold_key = find_hold(&server, &prefix, "rw", "doc").expect("the hash");
+        let tokens = Arc::new(std::sync::Mutex::new(vec![first.fencing_token()]));
+        let tasks: Vec<tokio::task::JoinHandle<()>> = (0..3)
+            .map(|_| {
+                let (lock, rival, tokens) = (lock.clone(), rival.clone(), tokens.clone());
+                tokio::spawn(async move {
+                    for _ in 0..20 {
+                        let guard = lock.write().await.unwrap();
+                        let read = rival.try_read().await.unwrap();
+                        assert!(read.is_none(), "another client read a write-held lock");
+                        tokens.lock().unwrap().push(guard.fencing_token());
+                        guard.unlock().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        eventually("the writers wait", || a.stats().waiting == 3).await;
+        let redis_owner = hold_owner(&server, &hold_key);
+        assert_eq!(redis_owner.as_deref(), Some(first.owner().id()), "{mode:?}");
+        first.unlock().await.unwrap();
+        for task in tasks {
+            joined("a writer's turns", task).await;
+        }
+        let tokens = tokens.lock().unwrap().clone();
+        assert_eq!(tokens.len(), 61, "{mode:?}");
+        assert!(
+            tokens.windows(2).all(|pair| pair[0] < pair[1]),
+            "{mode:?}: tokens went back: {tokens:?}"
+        );
+        assert!(a.stats().handed_locally > 0, "{mode:?}: {:?}", a.stats());
+
+        eventually_async("the lock is let go", || async {
+            hold_owner(&server, &hold_key).is_none()
+        })
+        .await;
+        let next = bounded("the other client reads", rival.read())
+            .await
+            .unwrap();
+        let last = tokens.last().copied().unwrap_or_default();
+        assert!(next.fencing_token() > last, "{mode:?}");
+        next.unlock().await.unwrap();
+        shutdown(&a).await;
+        shutdown(&b).await;
     }
 }

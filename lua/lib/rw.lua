@@ -5,8 +5,8 @@
 -- One hash per read-write lock (KEYS[1]) is its whole state, wait queue included, with the
 -- fields, tokens and tombstone of the exclusive locks (lib/hold.lua):
 --   o c f l r x g  the write hold and the retry records, as in lib/hold.lua (f: the latest
---                  token the lock issued, to a write or a read hold). The lock is fair, so t
---                  is never set
+--                  token the lock issued, to a write or a read hold). t is never set: the
+--                  write side's hand-overs are bounded by the head's wait alone (rw_release.lua)
 --   e  the write hold's lease end, server clock in ms ("" without a writer). The hash's ttl is
 --      the latest end of any of its holds, so a writer's own read hold (a downgrade) may keep
 --      the hash past the write hold's lease: the write hold counts only while e is ahead
@@ -28,9 +28,11 @@
 --      waiters queue once n are held. Set by rw_acquire.lua (ARGV[13]); absent on a read-write
 --      lock, which has no bound
 --   q  the wait queue as text, one line per waiter: "<waiter id> <inbox tag> <owner id>
---      <lease ms> <grant ms> <alive until ms>\n" (the fields of a member of lib/hold.lua's
---      queue, then the time below). Unlike the exclusive locks, the read-write lock keeps its
---      queue in the hash, as text its grants walk from the head
+--      <lease ms> <grant ms> <queued at ms> <alive until ms>\n" (the fields of a member of
+--      lib/hold.lua's queue, when it queued (server ms: how long the head has waited, for the
+--      write side's hand-over bound, rw_release.lua), then the time below). Unlike the
+--      exclusive locks, the read-write lock keeps its queue in the hash, as text its grants
+--      walk from the head
 -- Waiters of both sides queue in q: a reader's waiter id starts with "r", a writer's with "w"
 -- (then the client's inbox tag, ".", an op id: src/lock/rwlock.rs).
 -- The last column of a line is the time (server ms) until which the waiter is known to be
@@ -39,7 +41,8 @@
 -- it: a writer that died waiting must not keep new readers out while readers hold the lock.
 -- A writer at the head of the queue is granted the lock alone, once no read hold is left; the
 -- readers at the head, up to the first writer, are granted read holds together (a wave), with
--- one event per client: "0|grants|<queued>,<waiter>:<grant ms>:<token>,...|<lock id>" (each
+-- one event per client: "0|grants|<queued>,<waiter>:<grant ms>:<token>,...|<lock id>" (queued:
+-- about how many waiters stay queued behind the wave, fl_rw_queued; each
 -- granted hold draws its own token, so a waiter dates its grant by the token, as for a write
 -- hold: src/engine/acquire.rs). A reader
 -- whose owner holds a read hold already is not granted a second one: it is woken by name and
@@ -68,15 +71,20 @@
 -- fl_rw_last(state)                 -> the latest end of every hold in state (ms)
 -- fl_rw_keep(hold, state, now_ms, window) sets the hash's ttl: to the latest end of its holds,
 --                                       or to the retry window when none is left
--- fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, alive_until) -> one line of q
+-- fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, queued_at, alive_until) -> one line
+--                                       of q
+-- fl_rw_due(q, now_ms, limit)        -> whether the first waiter of q (not empty) has waited
+--                                       limit ms or more (always with limit 0; a line it cannot
+--                                       read counts as due)
 -- fl_rw_live(q, now_ms)              -> q without the waiters whose time passed, and whether a
 --                                       writer is left in it
 -- fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
 --   -> what fl_rw_grant returns. After a call ended or dropped holds (state is what is left):
 --   grants the queue its turn when no write hold is live (fl_rw_grant), and otherwise, or when
 --   nothing was granted, writes the lock as it is: the queue left (plus `tail`), the freed-by
---   chain x, the read holds, no write hold unless one is live, and the ttl (the retry window
---   when no hold is left: the tombstone)
+--   chain x, the read holds, no write hold unless one is live, state.f when set (a release's
+--   floor, or the token of a failed grant), and the ttl (the retry window when no hold is
+--   left: the tombstone)
 -- fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
 --   -> "w" (a writer was granted the lock), "r" (readers were granted
 --   read holds, or woken to re-enter) or false (nothing granted: the queue is empty or held
@@ -196,9 +204,17 @@ local function fl_rw_keep(hold, state, now_ms, window)
   end
 end
 
-local function fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, alive_until)
-  return string.format('%s %s %s %d %d %d\n', waiter, inbox, owner, lease, grant_ms,
-    alive_until)
+local function fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, queued_at, alive_until)
+  return string.format('%s %s %s %d %d %d %d\n', waiter, inbox, owner, lease, grant_ms,
+    queued_at, alive_until)
+end
+
+local function fl_rw_due(q, now_ms, limit)
+  if limit <= 0 then
+    return true
+  end
+  local since = string.match(q, '^%S+ %S+ %S+ %d+ %d+ (%d+) %d+\n')
+  return not since or tonumber(since) <= now_ms - limit
 end
 
 local function fl_rw_live(q, now_ms)
@@ -234,7 +250,7 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
   while at <= size do
     local stop = string.find(q, '\n', at, true)
     local waiter, inbox, owner, lasts, alive =
-      string.match(q, '^(%S+) (%S+) (%S+) %d+ (%d+) (%d+)\n', at)
+      string.match(q, '^(%S+) (%S+) (%S+) %d+ (%d+) %d+ (%d+)\n', at)
     if waiter and tonumber(alive) <= now_ms then
       -- Its client stopped vouching for it: dropped.
       at = stop + 1
@@ -264,7 +280,7 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
         'x', x, 'q', left, 'g', waiter, 'e', string.format('%d', ends), 's', fl_rw_readers(state),
         'i', '')
       state.f = text
-      local queued = left ~= '' and 1 or 0
+      local queued = fl_rw_queued(left)
       if fl_emit_to(events .. ':to:' .. inbox, mode,
           '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
         state.writer, state.ends = owner, ends
@@ -290,7 +306,7 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     return false, left
   end
   local left = string.sub(q, at) .. (tail or '')
-  local queued = left ~= '' and 1 or 0
+  local queued = fl_rw_queued(left)
   local others_before, last_before = state.others, state.last
   state.others = state.others .. table.concat(lines)
   for _, reader in ipairs(wave) do
@@ -360,10 +376,20 @@ local function fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id,
       window)
   end
   if not granted then
-    redis.call('HSET', hold, 'x', x, 'q', left, 's', fl_rw_readers(state))
+    -- One HSET: the queue, the chain, the read holds, the write hold's fields cleared unless
+    -- it is live, and f when the call moved it (a release's floor; grants to waiters whose
+    -- client was gone wrote theirs already, and write it again).
+    local args = {'x', x, 'q', left, 's', fl_rw_readers(state),
+      false, false, false, false, false, false, false, false, false, false}
+    local n = 6
     if not state.writer then
-      redis.call('HSET', hold, 'o', '', 'c', '0', 'g', '', 'e', '')
+      args[7], args[8], args[9], args[10], args[11], args[12], args[13], args[14], n =
+        'o', '', 'c', '0', 'g', '', 'e', '', 14
     end
+    if state.f then
+      args[n + 1], args[n + 2], n = 'f', state.f, n + 2
+    end
+    redis.call('HSET', hold, unpack(args, 1, n))
     fl_rw_keep(hold, state, math.floor(now_us / 1000), window)
   end
   return granted, left

@@ -86,17 +86,20 @@ impl Patience {
     }
 }
 
-/// A barging mutex held by this client for another owner (a hold in the registry, or one that
-/// a release of this process is handing, or just handed, to a local waiter that has not taken
-/// it up yet): its release will hand the lock to this waiter, or wake it to ask Redis (the
-/// queue's turn), so the waiter waits without a call of its own first, at most until that
-/// hold's lease deadline. (A release in flight that hands the lock to nobody wakes every local
+/// A barging mutex (or a read-write lock's write side) held by this client for another owner
+/// (a hold of the same role in the registry, or one that a release of this process is
+/// handing, or just handed, to a local waiter that has not taken it up yet): its release will
+/// hand the lock to this waiter, or wake it to ask Redis (the queue's turn), so the waiter
+/// waits without a call of its own first, at most until that hold's lease deadline. (A release in flight that hands the lock to nobody wakes every local
 /// waiter.)
 fn wait_first(driver: &Arc<dyn Driver>, owner: &Owner, patience: Patience) -> Option<Duration> {
     driver.handover()?;
     let engine = driver.engine();
     let lock_id = driver.keys().id();
-    let held = engine.holds.held_by_other(lock_id, owner);
+    // Only a hold of the same role hands over (a writer does not wait on a read hold here).
+    let held = engine
+        .holds
+        .held_by_other(lock_id, driver.hold_role(), owner);
     let handed = engine.waiters.handing_to_other(lock_id, owner.id());
     let holder_deadline = held.into_iter().chain(handed).min()?;
     patience.wait_limit(holder_deadline.saturating_duration_since(Instant::now()))

@@ -103,8 +103,8 @@ fn next_token(hold: &DriverHold) -> u64 {
 
 /// Takes the deferred release of `driver`'s lock over without a call, for an acquisition of
 /// `owner` with `lease`: the hold handed on, adopted by the registry. None when nothing is
-/// parked, its release started or was asked for, or it may not be handed on (see
-/// [`hand_over`]).
+/// parked, its release started or was asked for, it is of another role (a read-write lock's
+/// write hold, for a reader), or it may not be handed on (see [`hand_over`]).
 pub(crate) fn take_parked(
     driver: &Arc<dyn Driver>,
     waiter: &str,
@@ -112,6 +112,11 @@ pub(crate) fn take_parked(
     lease: Lease,
 ) -> Option<Arc<DriverHold>> {
     let handed = driver.engine().parked.take_if(driver.keys().id(), |hold| {
+        // Only to an acquisition of the hold's own role: a read-write lock's reader never
+        // takes its write hold.
+        if hold.lock.hold_role() != driver.hold_role() {
+            return None;
+        }
         hand_over(hold, waiter, owner, lease.initial())
     })?;
     adopt(driver, owner, lease, handed)

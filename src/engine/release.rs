@@ -436,10 +436,22 @@ async fn settle_claim(
                 wake_local_waiters(driver.as_ref());
             }
         }
-        // Not handed over: the local waiters ask Redis at once (they may be waiting on this
-        // process's hold alone, without a place in the Redis queue). A release that left holds
-        // of the owner changed nothing.
-        Ok(Released::Yes { remaining: 0, .. }) | Ok(Released::NotHeld(_)) | Err(_) => {
+        // Not handed over: the lock went to the Redis queue (the release grants it there when
+        // it does not hand it over). The local waiters without a place in that queue (waiting
+        // on this process's hold alone) ask Redis at once; those queued there wait for their
+        // grant, which an event brings, instead of asking for nothing.
+        Ok(Released::Yes { remaining: 0, .. }) => {
+            let queued = &driver.engine().queued;
+            let claimed_queued = queued.contains(claim.bid().0);
+            claim.cancel(!claimed_queued);
+            driver
+                .engine()
+                .waiters
+                .wake_unqueued(driver.keys().id(), |id| queued.contains(id));
+        }
+        // Unknown outcome: every local waiter re-checks. A release that left holds of the
+        // owner changed nothing.
+        Ok(Released::NotHeld(_)) | Err(_) => {
             claim.cancel(true);
             wake_local_waiters(driver.as_ref());
         }

@@ -18,20 +18,30 @@ use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call, run_ints,
-    successor_args, unexpected, Acquirer,
+    successor_args, unexpected, Acquirer, SUCCESSOR_ARGS,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::{op_id, Owner};
 use crate::queue::RedisQueue;
 use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
-/// A distributed read-write lock (Redisson's `RReadWriteLock`, done with fair hand-offs).
+/// A distributed read-write lock (Redisson's `RReadWriteLock`, with writer-starvation
+/// prevention and eventual fairness).
 ///
-/// **Ordering.** Many readers or one writer, fair: waiters of both kinds queue in Redis in
-/// arrival order. A writer gets the lock when no hold is left and it is first in the queue. A
-/// reader gets it when no writer holds it and no live writer is queued: so once a writer waits,
-/// new readers queue behind it and the writer cannot starve. A waiting writer whose process
-/// died is dropped within [`Config::waiter_lease`](crate::Config::waiter_lease).
+/// **Ordering.** Many readers or one writer. Waiters of both kinds queue in Redis in arrival
+/// order. A writer gets the lock when no hold is left and it is first in the queue. A reader
+/// gets it when no writer holds it and no live writer is queued: so once a writer waits, new
+/// readers queue behind it and the writer cannot starve. A waiting writer whose process died
+/// is dropped within [`Config::waiter_lease`](crate::Config::waiter_lease).
+///
+/// **Barging writers.** As on a [`Mutex`](crate::Mutex), the write side passes the lock from
+/// a writer to another writer of the same client (through handles without an
+/// [`Owner`]) ahead of the queue, without a round trip while the client's window lasts, until
+/// the head of the queue has waited [`Config::handover_limit`](crate::Config::handover_limit)
+/// (30 ms by default): from then on a release grants the lock to the queue. That bounds every
+/// wait and keeps the cost of a write acquisition under contention at a `Mutex`'s. A zero
+/// limit makes the lock strictly fair: every hold goes to the queue in arrival order. Readers
+/// never barge.
 ///
 /// **Wakeups.** The release that frees the lock for the head of the queue grants it there: to
 /// the writer at the head alone, or to every reader up to the first writer at once (a wave),
@@ -294,21 +304,35 @@ impl RwDriver {
         }
     }
 
-    /// `lua/rw_release.lua`, naming `successor` (a write side's take-over) if any.
+    /// `lua/rw_release.lua`, naming `successor` (a waiting writer of this client, or a write
+    /// side's take-over) and `floor` (the last token of local hand-overs) if any.
     async fn release_script(
         &self,
         owner: &Owner,
         token: u64,
+        floor: Option<u64>,
         op: &str,
         all: bool,
         successor: Option<(&str, &Bid)>,
     ) -> Result<Released> {
         let ctx = &self.engine.ctx;
+        // The write side's hand-over bound (`ARGV[13]`): 0, every queued waiter due, for a
+        // side that does not hand over (a take-over alone never passes a queued waiter).
+        let limit = if self.handover().is_some() {
+            ctx.config.handover_limit.as_millis() as i64
+        } else {
+            0
+        };
+        let mut extra = successor_args(ctx, successor, limit);
+        if let Some(floor) = floor {
+            // `ARGV[16]`, after the six successor positions (empty without a successor).
+            extra.resize(SUCCESSOR_ARGS, "".into());
+            extra.push(floor.to_string().into());
+        }
         let args = release_call(ctx, owner, token, op, all)
             .events(ctx.event_args(&self.keys))
             .kind(self.mode.as_str())
-            // The lock is fair: no hand-over limit.
-            .extra(successor_args(ctx, successor, 0));
+            .extra(extra);
         let script = &SCRIPTS.rw_release;
         release_with(ctx, &self.keys, script, self.script_keys(), args).await
     }
@@ -403,12 +427,25 @@ impl Driver for RwDriver {
         op: &'a str,
         all: bool,
     ) -> BoxFuture<'a, Result<Released>> {
-        Box::pin(self.release_script(owner, token, op, all, None))
+        Box::pin(self.release_script(owner, token, None, op, all, None))
+    }
+
+    /// The write side hands the lock to a writer of this client that waits for it, as the
+    /// barging [`Mutex`](crate::Mutex) does: without a call within the window of
+    /// [`Config::local_handover`](crate::Config::local_handover), else by the release script,
+    /// which passes no queued waiter (eventual fairness, bounded by the window). Off with a
+    /// zero [`Config::handover_limit`](crate::Config::handover_limit): every hold then goes
+    /// to the queue in arrival order. A semaphore's permits are never handed over.
+    fn handover(&self) -> Option<&dyn HandOver> {
+        let hands_over = self.mode == Mode::Write
+            && self.permits.is_none()
+            && !self.engine.ctx.config.handover_limit.is_zero();
+        hands_over.then_some(self as &dyn HandOver)
     }
 
     /// The write side takes deferred releases over: one call grants the lock to the queue (or
-    /// hands it over when nobody waits) and queues the acquisition, where a release and a busy
-    /// attempt would take two. The lock is fair, so it never hands over past a waiter.
+    /// hands it over when nobody else waits) and queues the acquisition, where a release and a
+    /// busy attempt would take two.
     fn take_over(&self) -> Option<&dyn HandOver> {
         (self.mode == Mode::Write).then_some(self as &dyn HandOver)
     }
@@ -427,9 +464,11 @@ impl HandOver for RwDriver {
         op: &'a str,
         successor: Option<(&'a str, &'a Bid)>,
     ) -> BoxFuture<'a, Result<Released>> {
-        // Read-write holds are never handed over within the process: no token above theirs.
-        debug_assert!(floor.is_none());
-        Box::pin(self.release_script(owner, token, op, false, successor))
+        Box::pin(self.release_script(owner, token, floor, op, false, successor))
+    }
+
+    fn hands_over_locally(&self) -> bool {
+        self.engine.ctx.config.local_handover
     }
 }
 

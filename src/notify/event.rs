@@ -104,7 +104,7 @@ impl WakeRule {
         }
     }
 
-    /// A `grants` target: the queued flag, then `id:lasts_ms:token` per reader (each granted
+    /// A `grants` target: about how many waiters stay queued, then `id:lasts_ms:token` per reader (each granted
     /// read hold has a token of its own).
     fn parse_grants(target: &str) -> WakeRule {
         let mut parts = target.split(ID_SEPARATOR);

@@ -183,6 +183,22 @@ impl WaiterTable {
         tracing::trace!(lock = lock_id, ?rule, woken, "wake");
     }
 
+    /// Wakes the local waiters of `lock_id` whose waiter id `queued` does not tell queued in
+    /// Redis (or that have none), so that each asks Redis at once: a grant from the Redis
+    /// queue reaches the others by an event of its own.
+    pub(crate) fn wake_unqueued(&self, lock_id: &str, queued: impl Fn(&str) -> bool) {
+        let Some(queue) = self.queues.get(lock_id) else {
+            return;
+        };
+        let woken = queue
+            .iter()
+            .filter(|w| !w.name.as_deref().is_some_and(&queued))
+            .map(|w| w.wake(WOKEN))
+            .count();
+        self.wakeups.fetch_add(woken as u64, Ordering::Relaxed);
+        tracing::trace!(lock = lock_id, woken, "wake (waiters not queued in Redis)");
+    }
+
     /// Wakes every local waiter of every lock so that each re-checks its lock at once.
     pub(crate) fn wake_all(&self, why: &'static str) {
         let mut woken = 0u64;

@@ -1075,14 +1075,24 @@ pub(crate) fn v(value: impl ToString) -> Option<String> {
 }
 
 /// The grant event a release sends to a writer's client (`lua/lib/rw.lua`).
-pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: bool) -> String {
-    grant_of(RW_LOCK_ID, waiter, token, grant_ms, usize::from(queued))
+pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: usize) -> String {
+    grant_of(RW_LOCK_ID, waiter, token, grant_ms, queued)
 }
 
-/// The event that grants a wave of readers of one client: the queued flag, then each reader's
-/// waiter id, grant ms and token (every granted read hold draws its own, `lua/lib/rw.lua`).
-pub(crate) fn rw_grants(queued: bool, readers: &[(&str, i64, i64)]) -> String {
-    let queued = u8::from(queued);
+/// About how many waiters a queue of `lines` holds, as `fl_rw_queued` (`lua/lib/rw.lua`)
+/// estimates it from the length of its first line: the count a grant event carries.
+pub(crate) fn rw_queued<S: AsRef<str>>(lines: &[S]) -> usize {
+    let total: usize = lines.iter().map(|line| line.as_ref().len()).sum();
+    match lines.first() {
+        None => 0,
+        Some(first) => (total / first.as_ref().len()).max(1),
+    }
+}
+
+/// The event that grants a wave of readers of one client: how many waiters stay queued, then
+/// each reader's waiter id, grant ms and token (every granted read hold draws its own,
+/// `lua/lib/rw.lua`).
+pub(crate) fn rw_grants(queued: usize, readers: &[(&str, i64, i64)]) -> String {
     let readers: Vec<String> = readers
         .iter()
         .map(|(waiter, ms, token)| format!("{waiter}:{ms}:{token}"))
@@ -1108,18 +1118,20 @@ fn hash_times(server: &RedisServer) -> BTreeMap<String, i64> {
     if let Ok(e) = e.parse() {
         times.insert("e".to_owned(), e);
     }
-    for (text, prefix, at) in [(&s, "s", 3), (&q, "q", 5)] {
+    // A read line's end; a queue line's time it queued ("qat") and time it is alive until ("q").
+    for (text, width, stamps) in [
+        (&s, 6, &[("s", 3)][..]),
+        (&q, 7, &[("qat", 5), ("q", 6)][..]),
+    ] {
         for line in text.lines() {
             let columns: Vec<&str> = line.split(' ').collect();
-            assert_eq!(
-                columns.len(),
-                6,
-                "a line of six columns in {prefix}: {line:?}"
-            );
-            let time = columns[at]
-                .parse()
-                .unwrap_or_else(|e| panic!("the time in {prefix} line {line:?}: {e}"));
-            times.insert(format!("{prefix} {}", columns[0]), time);
+            assert_eq!(columns.len(), width, "a line of {width} columns: {line:?}");
+            for (prefix, at) in stamps {
+                let time = columns[*at]
+                    .parse()
+                    .unwrap_or_else(|e| panic!("the time in {prefix} line {line:?}: {e}"));
+                times.insert(format!("{prefix} {}", columns[0]), time);
+            }
         }
     }
     times
@@ -1147,6 +1159,18 @@ pub(crate) struct Rw<'a> {
     span: Cell<Span>,
     /// The span of the call that last changed each time of the hash ([`hash_times`]).
     stamps: RefCell<BTreeMap<String, Span>>,
+}
+
+/// A write release's successor (`lua/rw_release.lua`): a writer of the releasing client.
+#[derive(Clone, Copy)]
+pub(crate) struct Heir<'h> {
+    pub(crate) owner: &'h str,
+    pub(crate) waiter: &'h str,
+    /// The hand-over limit (ms): it passes a queued waiter that has waited less.
+    pub(crate) limit: i64,
+    /// It asks by this call (a take-over: it queues when the lock goes to the queue); false:
+    /// it waits already.
+    pub(crate) asks: bool,
 }
 
 impl<'a> Rw<'a> {
@@ -1218,10 +1242,8 @@ impl<'a> Rw<'a> {
         ints(self.attempt(bid, &fence_arg(true)))
     }
 
-    /// `rw_release`, naming `heir` = (owner, waiter id) the successor of a take-over (its
-    /// client's inbox tag its owner's, its lease [`SUCCESSOR_LEASE`], its waiter lease
-    /// [`WAITER_LEASE`]) if given; the raw reply. With no successor, its arguments are passed
-    /// as the client passes them ("", "", 0, 0, "", "").
+    /// `rw_release` of one level (or with `all`, every level) of `owner`'s hold of `side`,
+    /// taken over by `heir` = (owner, waiter id) if given; the raw reply.
     pub(crate) fn release_raw(
         &self,
         side: Side,
@@ -1231,16 +1253,53 @@ impl<'a> Rw<'a> {
         all: bool,
         heir: Option<(&str, &str)>,
     ) -> Resp {
+        let heir = heir.map(|(owner, waiter)| Heir {
+            owner,
+            waiter,
+            limit: 0,
+            asks: true,
+        });
+        self.release_named(side, owner, token, op, all, heir, None)
+    }
+
+    /// `rw_release` naming `heir` (`ARGV[10..15]`: its owner, waiter id, lease
+    /// [`SUCCESSOR_LEASE`], the hand-over limit, its client's inbox tag, and the waiter lease
+    /// when it asks by this call, else "") and `floor` (`ARGV[16]`) if given; the raw reply.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn release_named(
+        &self,
+        side: Side,
+        owner: &str,
+        token: i64,
+        op: &str,
+        all: bool,
+        heir: Option<Heir>,
+        floor: Option<i64>,
+    ) -> Resp {
         let (token, window) = (token.to_string(), WINDOW.to_string());
-        let (successor, waiter) = heir.unwrap_or(("", ""));
-        let (lease, inbox_tag, queues) = match heir {
-            Some((owner, _)) => (
+        let (successor, waiter, lease, limit, inbox_tag, queues) = match heir {
+            Some(heir) => (
+                heir.owner,
+                heir.waiter,
                 SUCCESSOR_LEASE.to_string(),
-                tag(owner),
-                WAITER_LEASE.to_string(),
+                heir.limit.to_string(),
+                tag(heir.owner),
+                if heir.asks {
+                    WAITER_LEASE.to_string()
+                } else {
+                    String::new()
+                },
             ),
-            None => ("0".to_owned(), String::new(), String::new()),
+            None => (
+                "",
+                "",
+                "0".to_owned(),
+                "0".to_owned(),
+                String::new(),
+                String::new(),
+            ),
         };
+        let floor = floor.map(|floor| floor.to_string()).unwrap_or_default();
         self.eval(
             &self.release,
             &RW_KEYS,
@@ -1257,9 +1316,10 @@ impl<'a> Rw<'a> {
                 successor,
                 waiter,
                 &lease,
-                "0",
+                &limit,
                 &inbox_tag,
                 &queues,
+                &floor,
             ],
         )
     }
@@ -1514,8 +1574,9 @@ impl<'a> Rw<'a> {
     /// clock of the call that last set it (a heartbeat with another waiter lease).
     pub(crate) fn queued_alive(&self, bid: Bid, alive: i64) -> String {
         let alive = self.stamped(&format!("q {}", bid.waiter), alive);
+        let queued_at = self.stamped(&format!("qat {}", bid.waiter), 0);
         format!(
-            "{} {} {} {} {} {alive}\n",
+            "{} {} {} {} {} {queued_at} {alive}\n",
             bid.waiter,
             tag(bid.client),
             bid.owner,

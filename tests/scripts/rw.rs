@@ -444,10 +444,7 @@ fn the_last_readers_release_grants_the_lock_to_the_queued_writer() {
     };
     rw.assert_hash(&a_granted, "wa's grant");
     rw.assert_lasts_as_its_holds("wa's grant");
-    assert_eq!(
-        rw.inbox_events("a"),
-        [rw_grant("wa", ta, WAITER_LEASE, true)]
-    );
+    assert_eq!(rw.inbox_events("a"), [rw_grant("wa", ta, WAITER_LEASE, 1)]);
     for client in ["b", "c"] {
         assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
     }
@@ -536,13 +533,13 @@ fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client
     assert_eq!(
         rw.inbox_events("p"),
         [rw_grants(
-            true,
+            rw_queued(&tail),
             &[("rp1", WAITER_LEASE, t1), ("rp2", 1_500, t2)]
         )]
     );
     assert_eq!(
         rw.inbox_events("c"),
-        [rw_grants(true, &[("rc", 2_000, tc)])]
+        [rw_grants(rw_queued(&tail), &[("rc", 2_000, tc)])]
     );
     assert!(rw.inbox_events("w").is_empty(), "w was sent to");
     assert_eq!(rw.inspect()[..4], [0, 0, 0, 3]);
@@ -610,7 +607,7 @@ fn a_write_release_grants_the_readers_up_to_the_next_writer_one_event_per_client
     );
     assert_eq!(
         rw.inbox_events("w"),
-        [rw_grant("ww", tw, WAITER_LEASE, true)]
+        [rw_grant("ww", tw, WAITER_LEASE, rw_queued(&tail[1..]))]
     );
     assert!(rw.inbox_events("n").is_empty(), "n was sent to");
     rw.assert_no_stray_keys();
@@ -657,14 +654,11 @@ fn a_reader_of_an_owner_that_holds_a_read_hold_is_woken_not_granted() {
     rw.assert_hash(&wave, "rb1 and rc granted, rb2 woken");
     assert_eq!(
         rw.inbox_events("b"),
-        [
-            rw_grants(false, &[("rb1", WAITER_LEASE, tb)]),
-            rw_wake("rb2")
-        ]
+        [rw_grants(0, &[("rb1", WAITER_LEASE, tb)]), rw_wake("rb2")]
     );
     assert_eq!(
         rw.inbox_events("c"),
-        [rw_grants(false, &[("rc", WAITER_LEASE, tc)])]
+        [rw_grants(0, &[("rc", WAITER_LEASE, tc)])]
     );
     // rb2 re-enters b's read hold (granted to rb1: its token and waiter column stay).
     let again = Bid {
@@ -728,7 +722,7 @@ fn a_reader_of_an_owner_that_holds_a_read_hold_is_woken_not_granted() {
     rw.assert_lasts_as_its_holds("k's write released");
     assert_eq!(
         rw.inbox_events("k"),
-        [rw_grant("wk", tk, WAITER_LEASE, true), rw_wake("rk")]
+        [rw_grant("wk", tk, WAITER_LEASE, 1), rw_wake("rk")]
     );
     assert_eq!(
         rw.acquire(Bid {
@@ -769,7 +763,7 @@ fn grants_pass_over_waiters_whose_client_is_gone() {
         "wc's grant, wb passed over",
     );
     rw.assert_lasts_as_its_holds("wc's grant");
-    assert_eq!(rw.inbox_events("c"), [rw_grant("wc", tc, 2_000, false)]);
+    assert_eq!(rw.inbox_events("c"), [rw_grant("wc", tc, 2_000, 0)]);
 
     // A wave of d, e and g: only e's client is there.
     let rd = Bid::read("d", "d-wait").waiting("rd");
@@ -797,10 +791,7 @@ fn grants_pass_over_waiters_whose_client_is_gone() {
         }),
         "the wave taken back but for e",
     );
-    assert_eq!(
-        rw.inbox_events("e"),
-        [rw_grants(true, &[("re", 2_000, te)])]
-    );
+    assert_eq!(rw.inbox_events("e"), [rw_grants(1, &[("re", 2_000, te)])]);
     for client in ["d", "g"] {
         assert!(
             !exists(&server, &inbox(client)),
@@ -851,10 +842,7 @@ fn grants_pass_over_waiters_whose_client_is_gone() {
         "wi's grant past a wave with nobody there",
     );
     rw.assert_lasts_as_its_holds("wi's grant");
-    assert_eq!(
-        rw.inbox_events("i"),
-        [rw_grant("wi", ti, WAITER_LEASE, false)]
-    );
+    assert_eq!(rw.inbox_events("i"), [rw_grant("wi", ti, WAITER_LEASE, 0)]);
     rw.assert_no_stray_keys();
 }
 
@@ -1023,6 +1011,85 @@ fn retried_calls_are_answered_not_applied_again() {
     rw.assert_no_stray_keys();
 }
 
+/// The write side barges within a client (`src/engine/cohort.rs`): a write release that names
+/// a writer of its own client that waits, queued or not, hands it the lock (the writer's line
+/// leaves the queue) while no other queued waiter has waited the limit, and names nobody else;
+/// once the head of the queue has, the release grants the lock there. A floor (the last token
+/// the client handed out within its process) puts the next token above it.
+#[test]
+fn a_write_release_hands_the_lock_to_a_local_writer_until_a_waiter_is_due() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["a2", "a3", "b"]);
+    let t = rw.acquire(Bid::write("a", "a-write"))[1];
+    let a_end = rw.write_end(LEASE);
+    let rb = Bid::read("b", "b-wait").waiting("rb");
+    rw.assert_busy(&rw.acquire(rb), a_end, "b waits");
+    let wa2 = Bid::write("a2", "a2-wait").waiting("wa2");
+    rw.assert_busy(&rw.acquire(wa2), a_end, "a2 waits");
+    let b_line = rw.queued(rb);
+    let inboxes = ["a2", "a3", "b"].map(inbox);
+    let inboxes: Vec<&str> = inboxes.iter().map(String::as_str).collect();
+
+    // rb has waited less than a minute: a's release hands the lock to wa2, above the floor.
+    let floor = t + 10_000_000_000;
+    let heir = Heir {
+        owner: "a2",
+        waiter: "wa2",
+        limit: 60_000,
+        asks: false,
+    };
+    let reply = rw.release_named(WRITE, "a", t, "a-release", false, Some(heir), Some(floor));
+    assert_eq!(ints(reply), vec![1, 0, floor + 1, 1]);
+    let a2_holds = RwHash {
+        q: lines(&[&b_line]),
+        ..write_granted(
+            "a2",
+            floor + 1,
+            SUCCESSOR_LEASE,
+            "wa2",
+            rw.write_end(SUCCESSOR_LEASE),
+            "a-release",
+        )
+    };
+    rw.assert_hash(&a2_holds, "wa2 handed the lock, rb still queued");
+    for client in ["a2", "b"] {
+        assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
+    }
+    let before = rw.dump(&inboxes);
+    let again = rw.release_named(WRITE, "a", t, "a-release", false, Some(heir), Some(floor));
+    assert_eq!(ints(again), vec![1, 0, floor + 1, 1], "the re-sent release");
+    assert_eq!(rw.dump(&inboxes), before, "a re-sent release changed a key");
+
+    // Once rb has waited 1 ms, a2's release grants it its read hold instead of handing the
+    // lock to a3, which asks by the call and queues behind it.
+    sleep(Duration::from_millis(5));
+    let heir = Heir {
+        owner: "a3",
+        waiter: "wa3",
+        limit: 1,
+        asks: true,
+    };
+    let reply = rw.release_named(
+        WRITE,
+        "a2",
+        floor + 1,
+        "a2-release",
+        false,
+        Some(heir),
+        None,
+    );
+    let b_end = rw.read_end("b", WAITER_LEASE);
+    rw.assert_joined(&ints(reply), b_end, "a3 joined the queue behind rb's grant");
+    let tb = rw.read_token("b");
+    assert_eq!(tb, floor + 2, "rb's token: above the floor's");
+    assert_eq!(
+        rw.inbox_events("b"),
+        [rw_grants(1, &[("rb", WAITER_LEASE, tb)])]
+    );
+}
+
 /// A write release naming a successor (a take-over, `ARGV[10..15]`): with nobody queued and no
 /// read hold the successor is handed the lock (`{1, 0, token, 0}`: the hash in its name, its
 /// lease, its waiter id as `r` and `g`; no event). With waiters queued the lock goes to the queue
@@ -1081,7 +1148,7 @@ fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     rw.assert_hash(&b_granted, "wb granted, wu queued behind");
     assert_eq!(
         rw.inbox_events("b"),
-        [rw_grant("wb", t + 2, WAITER_LEASE, true)]
+        [rw_grant("wb", t + 2, WAITER_LEASE, 1)]
     );
     assert!(rw.inbox_events("u").is_empty(), "u was sent to");
     let before = rw.dump(&inboxes);
@@ -1109,7 +1176,7 @@ fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     );
     assert_eq!(
         rw.inbox_events("u"),
-        [rw_grant("wu", t + 3, WAITER_LEASE, false)]
+        [rw_grant("wu", t + 3, WAITER_LEASE, 0)]
     );
 
     // A reader waits; u's release, taken over by v: the reader is granted, v queues behind.
@@ -1136,7 +1203,7 @@ fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     );
     assert_eq!(
         rw.inbox_events("r"),
-        [rw_grants(true, &[("rr", WAITER_LEASE, t + 4)])]
+        [rw_grants(1, &[("rr", WAITER_LEASE, t + 4)])]
     );
     assert!(rw.inbox_events("v").is_empty(), "v was sent to");
 
@@ -1146,7 +1213,7 @@ fn a_take_over_hands_the_lock_over_or_joins_the_queue() {
     assert!(t + 5 > reply[2], "wv's token not above its mark");
     assert_eq!(
         rw.inbox_events("v"),
-        [rw_grant("wv", t + 5, WAITER_LEASE, false)]
+        [rw_grant("wv", t + 5, WAITER_LEASE, 0)]
     );
     rw.assert_no_stray_keys();
 }
@@ -1262,10 +1329,7 @@ fn waiters_queued_behind_lapsed_holds_are_served_by_the_next_acquisition() {
         },
         "wb granted by e's attempt",
     );
-    assert_eq!(
-        rw.inbox_events("b"),
-        [rw_grant("wb", tb, WAITER_LEASE, true)]
-    );
+    assert_eq!(rw.inbox_events("b"), [rw_grant("wb", tb, WAITER_LEASE, 1)]);
     assert!(rw.inbox_events("e").is_empty(), "e was sent to");
 
     // The same, and wb's own attempt: a take.
@@ -1324,11 +1388,11 @@ fn waiters_queued_behind_lapsed_holds_are_served_by_the_next_acquisition() {
     );
     assert_eq!(
         rw.inbox_events("c"),
-        [rw_grants(false, &[("rc", WAITER_LEASE, tc)])]
+        [rw_grants(0, &[("rc", WAITER_LEASE, tc)])]
     );
     assert_eq!(
         rw.inbox_events("d"),
-        [rw_grants(false, &[("rd", WAITER_LEASE, tc + 1)])]
+        [rw_grants(0, &[("rd", WAITER_LEASE, tc + 1)])]
     );
     rw.assert_no_stray_keys();
 }
@@ -1417,10 +1481,7 @@ fn a_waiter_whose_client_stopped_vouching_for_it_is_dropped() {
         ),
         "wj granted past the dead reader rh",
     );
-    assert_eq!(
-        rw.inbox_events("j"),
-        [rw_grant("wj", tj, WAITER_LEASE, false)]
-    );
+    assert_eq!(rw.inbox_events("j"), [rw_grant("wj", tj, WAITER_LEASE, 0)]);
     assert!(rw.inbox_events("h").is_empty(), "h was sent to");
     rw.assert_no_stray_keys();
 }
@@ -1611,7 +1672,7 @@ fn force_unlock_removes_every_hold_and_grants_the_queue_head() {
     rw.assert_lasts_as_its_holds("rb granted");
     assert_eq!(
         rw.inbox_events("b"),
-        [rw_grants(true, &[("rb", WAITER_LEASE, tb)])]
+        [rw_grants(1, &[("rb", WAITER_LEASE, tb)])]
     );
     let before = rw.dump(&[]);
     assert_eq!(rw.release_all(WRITE, "a", ta, "a-release"), vec![0, 0]);
@@ -1628,10 +1689,7 @@ fn force_unlock_removes_every_hold_and_grants_the_queue_head() {
     assert_drawn(tc, tb, clock, "wc's grant by force");
     let c_granted = write_granted("c", tc, WAITER_LEASE, "wc", rw.write_end(WAITER_LEASE), "");
     rw.assert_hash(&c_granted, "b's hold removed, wc granted");
-    assert_eq!(
-        rw.inbox_events("c"),
-        [rw_grant("wc", tc, WAITER_LEASE, false)]
-    );
+    assert_eq!(rw.inbox_events("c"), [rw_grant("wc", tc, WAITER_LEASE, 0)]);
 
     assert_eq!(rw.force_unlock(), vec![1]);
     let freed = no_writer(c_granted);
@@ -1672,7 +1730,7 @@ fn force_unlock_removes_every_hold_and_grants_the_queue_head() {
     );
     assert_eq!(
         rw.inbox_events("c").last(),
-        Some(&rw_grant("wc2", tc, WAITER_LEASE, false))
+        Some(&rw_grant("wc2", tc, WAITER_LEASE, 0))
     );
     rw.assert_no_stray_keys();
 }
@@ -1719,10 +1777,8 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
     // a's release grants the lock to wb; wb leaves before it took it up: rc and re get it.
     assert_eq!(rw.release(WRITE, "a", t, "a-release"), vec![1, 0]);
     let tb = rw.token();
-    assert_eq!(
-        rw.inbox_events("b"),
-        [rw_grant("wb", tb, WAITER_LEASE, true)]
-    );
+    // rc, re and wd stay queued behind it (lines of one length).
+    assert_eq!(rw.inbox_events("b"), [rw_grant("wb", tb, WAITER_LEASE, 3)]);
     let clock = rw.clock();
     assert_eq!(rw.leave("wb"), vec![1]);
     let tc = rw.read_token("c");
@@ -1745,7 +1801,7 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
     for (client, waiter, token) in [("c", "rc", tc), ("e", "re", te)] {
         assert_eq!(
             rw.inbox_events(client),
-            [rw_grants(true, &[(waiter, WAITER_LEASE, token)])]
+            [rw_grants(1, &[(waiter, WAITER_LEASE, token)])]
         );
     }
     let before = rw.dump(&[]);
@@ -1782,10 +1838,7 @@ fn a_waiter_that_leaves_drops_its_line_or_passes_its_grant_on() {
         ),
         "re's grant passed on to wd",
     );
-    assert_eq!(
-        rw.inbox_events("d"),
-        [rw_grant("wd", td, WAITER_LEASE, false)]
-    );
+    assert_eq!(rw.inbox_events("d"), [rw_grant("wd", td, WAITER_LEASE, 0)]);
 
     // wd leaves too, nobody queued: a tombstone; the releases before stay answered.
     assert_eq!(rw.leave("wd"), vec![1]);
@@ -1982,7 +2035,7 @@ fn the_writer_at_the_head_that_leaves_lets_the_readers_behind_it_in() {
     rw.assert_lasts_as_its_holds("d and c read");
     assert_eq!(
         rw.inbox_events("c"),
-        [rw_grants(false, &[("rc", WAITER_LEASE, tc)])]
+        [rw_grants(0, &[("rc", WAITER_LEASE, tc)])]
     );
     assert!(rw.inbox_events("b").is_empty(), "b was sent to");
     rw.assert_no_stray_keys();
@@ -2228,7 +2281,7 @@ fn a_take_over_never_names_a_reader_waiter_id() {
     );
     assert_eq!(
         rw.inbox_events("b"),
-        [rw_grants(false, &[("rb", WAITER_LEASE, tb)])]
+        [rw_grants(0, &[("rb", WAITER_LEASE, tb)])]
     );
     assert!(rw.inbox_events("s").is_empty(), "s was sent to");
     rw.assert_no_stray_keys();
@@ -2431,7 +2484,10 @@ fn a_semaphore_grants_no_more_waiters_than_permits_are_free() {
         "a's permit granted to rp1 alone",
     );
     rw.assert_lasts_as_its_holds("rp1's grant");
-    let p_events = vec![rw_grants(true, &[("rp1", WAITER_LEASE, tp1)])];
+    let p_events = vec![rw_grants(
+        rw_queued(&queue[1..]),
+        &[("rp1", WAITER_LEASE, tp1)],
+    )];
     assert_eq!(rw.inbox_events("p"), p_events);
     for client in ["r", "s", "u"] {
         assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
@@ -2455,7 +2511,7 @@ fn a_semaphore_grants_no_more_waiters_than_permits_are_free() {
     );
     let p_events = [
         p_events[0].clone(),
-        rw_grants(true, &[("rp2", WAITER_LEASE, tp2)]),
+        rw_grants(rw_queued(&queue[2..]), &[("rp2", WAITER_LEASE, tp2)]),
     ];
     assert_eq!(rw.inbox_events("p"), p_events);
 
@@ -2483,12 +2539,12 @@ fn a_semaphore_grants_no_more_waiters_than_permits_are_free() {
     assert_eq!(rw.inspect()[..4], [0, 0, 0, 3]);
     assert_eq!(
         rw.inbox_events("r"),
-        [rw_grants(true, &[("rr", WAITER_LEASE, tr)])]
+        [rw_grants(1, &[("rr", WAITER_LEASE, tr)])]
     );
     assert_eq!(
         rw.inbox_events("s"),
         [rw_grants(
-            true,
+            1,
             &[("rs", WAITER_LEASE, ts), ("rt", WAITER_LEASE, tt)]
         )]
     );
@@ -2503,7 +2559,7 @@ fn a_semaphore_grants_no_more_waiters_than_permits_are_free() {
     assert!(tu > tt, "ru's token {tu} not above rt's {tt}");
     assert_eq!(
         rw.inbox_events("u"),
-        [rw_grants(false, &[("ru", WAITER_LEASE, tu)])]
+        [rw_grants(0, &[("ru", WAITER_LEASE, tu)])]
     );
     assert_eq!(rw.inspect()[..4], [0, 0, 0, 3]);
     assert_eq!(rw.hash().q.as_deref(), Some(""));
@@ -2554,7 +2610,7 @@ fn a_permit_granted_to_a_gone_client_passes_to_the_next_waiter() {
     rw.assert_lasts_as_its_holds("rh's grant");
     assert_eq!(
         rw.inbox_events("h"),
-        [rw_grants(true, &[("rh", WAITER_LEASE, th)])]
+        [rw_grants(rw_queued(&queue), &[("rh", WAITER_LEASE, th)])]
     );
     for client in ["i", "k"] {
         assert!(rw.inbox_events(client).is_empty(), "{client} was sent to");
@@ -2585,11 +2641,11 @@ fn a_permit_granted_to_a_gone_client_passes_to_the_next_waiter() {
     rw.assert_lasts_as_its_holds("ri's and rk's grants");
     assert_eq!(
         rw.inbox_events("i"),
-        [rw_grants(true, &[("ri", WAITER_LEASE, ti)])]
+        [rw_grants(1, &[("ri", WAITER_LEASE, ti)])]
     );
     assert_eq!(
         rw.inbox_events("k"),
-        [rw_grants(false, &[("rk", WAITER_LEASE, tk)])]
+        [rw_grants(0, &[("rk", WAITER_LEASE, tk)])]
     );
     for client in ["g", "j"] {
         assert!(
@@ -2711,7 +2767,7 @@ fn another_permit_count_is_refused_while_the_semaphore_is_in_use() {
     rw.assert_busy(&busy, rw.read_end("z", WAITER_LEASE), "x behind rz's grant");
     assert_eq!(
         rw.inbox_events("z"),
-        [rw_grants(false, &[("rz", WAITER_LEASE, tz)])]
+        [rw_grants(0, &[("rz", WAITER_LEASE, tz)])]
     );
     rw.assert_no_stray_keys();
 }
@@ -2802,7 +2858,7 @@ fn a_free_permit_goes_to_the_queued_waiter_before_a_newcomer() {
     rw.assert_hash(&granted, "rv granted by c's try");
     assert_eq!(
         rw.inbox_events("v"),
-        [rw_grants(false, &[("rv", WAITER_LEASE, tv)])]
+        [rw_grants(0, &[("rv", WAITER_LEASE, tv)])]
     );
     assert!(rw.inbox_events("c").is_empty(), "c was sent to");
     let rc = permit("c", "c-wait", 2).waiting("rc");
@@ -2854,7 +2910,7 @@ fn a_free_permit_goes_to_the_queued_waiter_before_a_newcomer() {
     );
     assert_eq!(
         rw.inbox_events("u"),
-        [rw_grants(false, &[("ru", WAITER_LEASE, tu)])]
+        [rw_grants(0, &[("ru", WAITER_LEASE, tu)])]
     );
     assert!(rw.inbox_events("d").is_empty(), "d was sent to");
     rw.assert_busy(
@@ -2901,7 +2957,7 @@ fn a_semaphore_waiter_that_leaves_passes_its_permit_on() {
     assert!(tb > ta, "rb's token {tb} not above a's {ta}");
     assert_eq!(
         rw.inbox_events("b"),
-        [rw_grants(true, &[("rb", WAITER_LEASE, tb)])]
+        [rw_grants(1, &[("rb", WAITER_LEASE, tb)])]
     );
     assert_eq!(rw.heartbeat(&["rb", "rd"]), vec![1, 1]);
 
@@ -2924,7 +2980,7 @@ fn a_semaphore_waiter_that_leaves_passes_its_permit_on() {
     rw.assert_lasts_as_its_holds("rd's grant");
     assert_eq!(
         rw.inbox_events("d"),
-        [rw_grants(false, &[("rd", WAITER_LEASE, td)])]
+        [rw_grants(0, &[("rd", WAITER_LEASE, td)])]
     );
     assert!(rw.inbox_events("c").is_empty(), "c was sent to");
     assert_eq!(rw.release(READ, "b", tb, "b-release"), vec![0, 0]);

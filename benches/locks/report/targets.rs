@@ -260,10 +260,19 @@ pub fn targets(report: &Report) -> Vec<TargetRow> {
     rows.into_iter().flatten().collect()
 }
 
+/// A row's Redis CPU per acquisition against the best peer's of its shape.
+fn redis_cpu_versus_best(s7: &S7Result, r: &S7Row) -> (String, bool) {
+    let ours = r.result.cpu_per_acquisition().1;
+    match s7.best_peer_redis_cpu(r.shape) {
+        Some(best) => (format!("{ours:.0} vs {best:.0} µs"), ours <= best),
+        None => (format!("{ours:.0} µs, no peer"), false),
+    }
+}
+
 /// The S7 targets of issue #15, per mode; every shape must meet each.
 fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
     type Check = fn(&S7Result, &S7Row) -> (String, bool);
-    let checks: [(LockKind, &str, Check); 11] = [
+    let checks: [(LockKind, &str, Check); 14] = [
         (
             LockKind::Mutex,
             "Mutex Redis commands / acq ≤ 8",
@@ -272,13 +281,7 @@ fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
         (
             LockKind::Mutex,
             "Mutex Redis CPU / acq ≤ best peer's",
-            |s7, r| {
-                let ours = r.result.cpu_per_acquisition().1;
-                match s7.best_peer_redis_cpu(r.shape) {
-                    Some(best) => (format!("{ours:.0} vs {best:.0} µs"), ours <= best),
-                    None => (format!("{ours:.0} µs, no peer"), false),
-                }
-            },
+            |s7, r| redis_cpu_versus_best(s7, r),
         ),
         (LockKind::Mutex, "Mutex acq/s ≥ best peer's", |s7, r| {
             versus_best(s7, r, 1.0)
@@ -320,6 +323,21 @@ fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
             LockKind::RwLock,
             "RwLock write: Redis commands / acq ≤ the Mutex budget (8)",
             |_, r| commands_at_most(r, MUTEX_COMMANDS),
+        ),
+        (
+            LockKind::RwLock,
+            "RwLock write: Redis CPU / acq ≤ best peer's (the Mutex budget)",
+            |s7, r| redis_cpu_versus_best(s7, r),
+        ),
+        (
+            LockKind::RwLock,
+            "RwLock write: acq/s ≥ best peer's (the Mutex budget)",
+            |s7, r| versus_best(s7, r, 1.0),
+        ),
+        (
+            LockKind::RwLock,
+            "RwLock write: longest wait ≤ 100 ms (the Mutex budget)",
+            |_, r| longest_wait(r, MUTEX_LONGEST_WAIT_US),
         ),
         (LockKind::RwLock, "RwLock violations = 0", |_, r| {
             let v = r.result.violations();
