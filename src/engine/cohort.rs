@@ -1,5 +1,6 @@
-//! Local hand-overs (lock cohorting): a barging [`crate::Mutex`] held by this client passes
-//! from one task of the client to the next without a call to Redis.
+//! Local hand-overs (lock cohorting): a barging [`crate::Mutex`] (or an
+//! [`crate::RwLock`]'s write hold) held by this client passes from one task of the client to
+//! the next without a call to Redis.
 //!
 //! Why: under contention a hold of the barging mutex already goes to a task of the releasing
 //! process as a rule (eventual fairness, see [`release`](super::release)), and each such

@@ -5,8 +5,9 @@
 //! A lock type is a small [`Driver`]: it knows its keys and scripts and answers "did I get the
 //! lock, and if not, for how long may the holder keep it". What only some lock types do is an
 //! optional capability: handing the lock straight to a waiter of this process on release
-//! ([`HandOver`], the barging mutex), taking over a deferred release with one call
-//! ([`Driver::take_over`], both exclusive locks) and queueing waiters in Redis
+//! ([`HandOver`]: the barging mutex and the read-write lock's writers), taking over a
+//! deferred release with one call ([`Driver::take_over`]: those and the fair mutex) and
+//! queueing waiters in Redis
 //! ([`RedisQueue`], which the heartbeat watches). Everything else lives here, once:
 //!
 //! * [`acquire`](mod@acquire): the wait loop, taking up a hold that a release granted or handed
@@ -16,7 +17,7 @@
 //! * `parked`: the deferred releases' states (parked, releasing, gone) and the acquisitions
 //!   that ask for them;
 //! * [`cohort`](mod@cohort): hand-overs within the process without a call (the barging
-//!   mutex, for acquisitions of handles without an owner);
+//!   mutex and the read-write lock's writers, for acquisitions of handles without an owner);
 //! * [`contention`]: which locks the client has seen contended lately, which picks between an
 //!   exclusive lock's fast and full scripts.
 //!
@@ -127,8 +128,8 @@ pub(crate) trait Driver: HoldKind {
         all: bool,
     ) -> BoxFuture<'a, Result<Released>>;
     /// Whether a release may hand the lock straight to a waiter of this process (barging
-    /// mutex): its waiters then register a [`Bid`] and a release goes through
-    /// [`HandOver::release_to`]. Default: never.
+    /// mutex, read-write lock's writers): its waiters then register a [`Bid`] and a release
+    /// goes through [`HandOver::release_to`]. Default: never.
     fn handover(&self) -> Option<&dyn HandOver> {
         None
     }

@@ -1,6 +1,7 @@
 //! Releases: `unlock()` and dropped guards (through the release worker) end here, and so do
 //! the two ways an exclusive lock passes the lock to another task of its own process without
-//! letting it go in Redis (the hand-over: a barging [`crate::Mutex`] only).
+//! letting it go in Redis (the hand-over: a barging [`crate::Mutex`] and an
+//! [`crate::RwLock`]'s writers).
 //!
 //! * **Hand-over to a waiting task.** A task of this client already waits for the lock: the
 //!   release claims it ([`crate::notify::WaiterTable::claim_handover`]) and its script writes
@@ -310,8 +311,9 @@ fn floor(hold: &DriverHold) -> Option<u64> {
 }
 
 /// One release call, without retries, of the Redis hold of `owner` with `token` (of every
-/// re-entered hold with `all`), naming `floor` (see [`HandOver::release_to`]) if the hold was
-/// handed over within the process.
+/// re-entered hold with `all`), naming `floor` (see
+/// [`HandOver::release_to`](super::HandOver::release_to)) if the hold was handed over within
+/// the process.
 pub(crate) async fn release_in_redis(
     driver: &Arc<dyn Driver>,
     owner: &Owner,
