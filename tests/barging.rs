@@ -14,11 +14,13 @@ mod support;
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
-use fredlock::{Config, LockClient, MutexGuard, NotificationMode, Owner, Result};
+use fredlock::{Config, LockClient, LockGuard, MutexGuard, NotificationMode, Owner, Result};
 use support::{bounded, connect, eventually, eventually_async, shutdown, RedisServer, MODES};
 use support::{find_hold, hold_owner, init_tracing, joined, poll_once, queued_waiters};
+use support::{tasks_hand_the_hold_on, Intrudes, Take};
 use tokio::task::JoinHandle;
 
 /// The lock every test works on.
@@ -761,48 +763,21 @@ async fn tasks_of_one_client_hand_the_hold_on_without_a_call() {
 
         let first = bounded("the first task locks", mutex.lock()).await.unwrap();
         let hold_key = find_hold(&server, &prefix("within", mode), "mutex", NAME).unwrap();
-        let tokens = std::sync::Arc::new(std::sync::Mutex::new(vec![first.fencing_token()]));
-        let tasks: Vec<JoinHandle<()>> = (0..3)
-            .map(|_| {
-                let (mutex, rival, tokens) = (mutex.clone(), rival.clone(), tokens.clone());
-                tokio::spawn(async move {
-                    for _ in 0..20 {
-                        let guard = mutex.lock().await.unwrap();
-                        let free = rival.try_lock().await.unwrap();
-                        assert!(free.is_none(), "another client took a held lock");
-                        tokens.lock().unwrap().push(guard.fencing_token());
-                        guard.unlock().await.unwrap();
-                    }
-                })
-            })
-            .collect();
-        eventually("the tasks wait", || a.stats().waiting == 3).await;
-        let redis_owner = hold_owner(&server, &hold_key);
-        assert_eq!(redis_owner.as_deref(), Some(first.owner().id()), "{mode:?}");
-        first.unlock().await.unwrap();
-        for task in tasks {
-            joined("a task's turns", task).await;
-        }
-        let tokens = tokens.lock().unwrap().clone();
-        assert_eq!(tokens.len(), 61, "{mode:?}");
-        assert!(
-            tokens.windows(2).all(|pair| pair[0] < pair[1]),
-            "{mode:?}: tokens went back: {tokens:?}"
-        );
-        assert!(a.stats().handed_locally > 0, "{mode:?}: {:?}", a.stats());
-
-        // Once every task is done, the lock is let go in Redis (a deferred release at the
-        // latest), and the next take goes above every token handed out.
-        eventually_async("the lock is let go", || async {
-            hold_owner(&server, &hold_key).is_none()
-        })
-        .await;
-        let next = bounded("the other client locks", rival.lock())
-            .await
-            .unwrap();
-        let last = tokens.last().copied().unwrap_or_default();
-        assert!(next.fencing_token() > last, "{mode:?}");
-        next.unlock().await.unwrap();
+        let take: Take = Arc::new(move || {
+            let mutex = mutex.clone();
+            Box::pin(async move { LockGuard::from(mutex.lock().await.unwrap()) })
+        });
+        let other = rival.clone();
+        let intrudes: Intrudes = Arc::new(move || {
+            let other = other.clone();
+            Box::pin(async move { other.try_lock().await.unwrap().is_some() })
+        });
+        let rival: Take = Arc::new(move || {
+            let rival = rival.clone();
+            Box::pin(async move { LockGuard::from(rival.lock().await.unwrap()) })
+        });
+        let first = LockGuard::from(first);
+        tasks_hand_the_hold_on(&server, &hold_key, &a, first, take, intrudes, rival).await;
         shutdown(&a).await;
         shutdown(&b).await;
     }

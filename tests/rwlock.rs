@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::interfaces::KeysInterface;
-use fredlock::{Config, Error, Lease, LockClient, NotificationMode, Owner};
+use fredlock::{Config, Error, Lease, LockClient, LockGuard, NotificationMode, Owner};
 use support::{
-    bounded, connect, emit_result, eventually, eventually_async, find_hold, hold_owner,
-    init_tracing, is_worker, joined, parse_mode, shutdown, spawn_worker_handle, take_over_deferred,
-    worker_param, RedisServer, HANG, MODES,
+    bounded, connect, emit_result, eventually_async, find_hold, init_tracing, is_worker,
+    parse_mode, shutdown, spawn_worker_handle, take_over_deferred, tasks_hand_the_hold_on,
+    worker_param, Intrudes, RedisServer, Take, HANG, MODES,
 };
 
 /// One shard, so the test can name the lock's hash: `{prefix:0}:rw:<name>`.
@@ -1076,46 +1076,21 @@ async fn writers_of_one_client_hand_the_write_hold_on_without_a_call() {
 
         let first = bounded("the first writer", lock.write()).await.unwrap();
         let hold_key = find_hold(&server, &prefix, "rw", "doc").expect("the hash");
-        let tokens = Arc::new(std::sync::Mutex::new(vec![first.fencing_token()]));
-        let tasks: Vec<tokio::task::JoinHandle<()>> = (0..3)
-            .map(|_| {
-                let (lock, rival, tokens) = (lock.clone(), rival.clone(), tokens.clone());
-                tokio::spawn(async move {
-                    for _ in 0..20 {
-                        let guard = lock.write().await.unwrap();
-                        let read = rival.try_read().await.unwrap();
-                        assert!(read.is_none(), "another client read a write-held lock");
-                        tokens.lock().unwrap().push(guard.fencing_token());
-                        guard.unlock().await.unwrap();
-                    }
-                })
-            })
-            .collect();
-        eventually("the writers wait", || a.stats().waiting == 3).await;
-        let redis_owner = hold_owner(&server, &hold_key);
-        assert_eq!(redis_owner.as_deref(), Some(first.owner().id()), "{mode:?}");
-        first.unlock().await.unwrap();
-        for task in tasks {
-            joined("a writer's turns", task).await;
-        }
-        let tokens = tokens.lock().unwrap().clone();
-        assert_eq!(tokens.len(), 61, "{mode:?}");
-        assert!(
-            tokens.windows(2).all(|pair| pair[0] < pair[1]),
-            "{mode:?}: tokens went back: {tokens:?}"
-        );
-        assert!(a.stats().handed_locally > 0, "{mode:?}: {:?}", a.stats());
-
-        eventually_async("the lock is let go", || async {
-            hold_owner(&server, &hold_key).is_none()
-        })
-        .await;
-        let next = bounded("the other client reads", rival.read())
-            .await
-            .unwrap();
-        let last = tokens.last().copied().unwrap_or_default();
-        assert!(next.fencing_token() > last, "{mode:?}");
-        next.unlock().await.unwrap();
+        let take: Take = Arc::new(move || {
+            let lock = lock.clone();
+            Box::pin(async move { LockGuard::from(lock.write().await.unwrap()) })
+        });
+        let reader = rival.clone();
+        let intrudes: Intrudes = Arc::new(move || {
+            let reader = reader.clone();
+            Box::pin(async move { reader.try_read().await.unwrap().is_some() })
+        });
+        let rival: Take = Arc::new(move || {
+            let rival = rival.clone();
+            Box::pin(async move { LockGuard::from(rival.read().await.unwrap()) })
+        });
+        let first = LockGuard::from(first);
+        tasks_hand_the_hold_on(&server, &hold_key, &a, first, take, intrudes, rival).await;
         shutdown(&a).await;
         shutdown(&b).await;
     }

@@ -104,3 +104,72 @@ pub async fn rwlock_handoff(
     drop(write);
     bounded("force", a.force_unlock()).await.expect("force");
 }
+
+/// Takes the lock (one side of it) for one task; the guard, type-erased.
+pub type Take = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = fredlock::LockGuard> + Send>>
+        + Send
+        + Sync,
+>;
+/// Whether another client got in (a try on the lock, released at once).
+pub type Intrudes = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = bool> + Send>> + Send + Sync,
+>;
+
+/// Three tasks of `client` take turns on the lock whose hold in Redis is `hold_key`, 20 turns
+/// each, through `take` (a handle without an owner), while `first` (taken the same way) holds
+/// it: they pass the hold on without a call (`src/engine/cohort.rs`). Asserts that the hold in
+/// Redis stays `first`'s, that `intrudes` (another client) never gets in, that every guard's
+/// token is above the one before, that some hand-overs happened without a call, and that once
+/// the tasks are done the lock is let go in Redis and `rival` (another client) takes it with a
+/// token above every one handed out.
+pub async fn tasks_hand_the_hold_on(
+    server: &super::RedisServer,
+    hold_key: &str,
+    client: &LockClient,
+    first: fredlock::LockGuard,
+    take: Take,
+    intrudes: Intrudes,
+    rival: Take,
+) {
+    use std::sync::{Arc, Mutex};
+    let tokens = Arc::new(Mutex::new(vec![first.fencing_token()]));
+    let tasks: Vec<tokio::task::JoinHandle<()>> = (0..3)
+        .map(|_| {
+            let (take, intrudes, tokens) = (take.clone(), intrudes.clone(), tokens.clone());
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    let guard = take().await;
+                    assert!(!intrudes().await, "another client got into a held lock");
+                    tokens.lock().unwrap().push(guard.fencing_token());
+                    guard.unlock().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    eventually("the tasks wait", || client.stats().waiting == 3).await;
+    let redis_owner = super::hold_owner(server, hold_key);
+    assert_eq!(redis_owner.as_deref(), Some(first.owner().id()));
+    first.unlock().await.unwrap();
+    for task in tasks {
+        super::joined("a task's turns", task).await;
+    }
+    let tokens = tokens.lock().unwrap().clone();
+    assert_eq!(tokens.len(), 61);
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens went back: {tokens:?}"
+    );
+    assert!(client.stats().handed_locally > 0, "{:?}", client.stats());
+
+    // Once every task is done, the lock is let go in Redis (a deferred release at the latest),
+    // and the next take goes above every token handed out.
+    super::eventually_async("the lock is let go", || async {
+        super::hold_owner(server, hold_key).is_none()
+    })
+    .await;
+    let next = bounded("the other client takes the lock", rival()).await;
+    let last = tokens.last().copied().unwrap_or_default();
+    assert!(next.fencing_token() > last);
+    next.unlock().await.unwrap();
+}
