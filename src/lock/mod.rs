@@ -211,36 +211,46 @@ pub(crate) fn release_call(
 }
 
 /// How many arguments [`successor_args`] gives for a successor.
-pub(crate) const SUCCESSOR_ARGS: usize = 6;
+const SUCCESSOR_ARGS: usize = 6;
 
 /// The successor arguments of a release script (`lua/hold_release.lua` `ARGV[9..14]`,
 /// `lua/rw_release.lua` `ARGV[10..15]`): the successor's owner, waiter id and lease, the
 /// hand-over limit (ms), the client's inbox tag, and, for a successor that joins the queue
-/// when the queue's turn comes (a waiting take-over), the client's waiter lease. Without a
-/// successor there are none: the scripts read missing ones as empty, and every argument costs
+/// when the queue's turn comes (a waiting take-over), the client's waiter lease; then `floor`,
+/// the last token handed out within the process (`ARGV[15]` / `ARGV[16]`), if any. Without
+/// either there are none: the scripts read missing ones as empty, and every argument costs
 /// its encoding here and its parsing in Redis on the hot path of a plain release.
 pub(crate) fn successor_args(
     ctx: &Context,
     successor: Option<(&str, &Bid)>,
     limit_ms: i64,
+    floor: Option<u64>,
 ) -> Vec<Value> {
-    let Some((waiter, bid)) = successor else {
-        return Vec::new();
+    let mut args = match successor {
+        None => Vec::new(),
+        Some((waiter, bid)) => {
+            let joins = if bid.joins_queue {
+                (ctx.config.waiter_lease.as_millis() as i64).into()
+            } else {
+                // A try never queues: it is handed the lock or answered busy.
+                "".into()
+            };
+            vec![
+                bid.owner.id().into(),
+                waiter.into(),
+                (bid.lease.as_millis() as i64).into(),
+                limit_ms.into(),
+                ctx.inbox_tag.as_ref().into(),
+                joins,
+            ]
+        }
     };
-    let joins = if bid.joins_queue {
-        (ctx.config.waiter_lease.as_millis() as i64).into()
-    } else {
-        // A try never queues: it is handed the lock or answered busy.
-        "".into()
-    };
-    vec![
-        bid.owner.id().into(),
-        waiter.into(),
-        (bid.lease.as_millis() as i64).into(),
-        limit_ms.into(),
-        ctx.inbox_tag.as_ref().into(),
-        joins,
-    ]
+    if let Some(floor) = floor {
+        // After the six successor positions (empty without a successor).
+        args.resize(SUCCESSOR_ARGS, "".into());
+        args.push(floor.to_string().into());
+    }
+    args
 }
 
 /// Runs a release script and decodes its reply.

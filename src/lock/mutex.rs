@@ -14,7 +14,7 @@ use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{FairMutexGuard, MutexGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, inspect, leave_queue, release_call, release_reply,
-    release_with, run_call, successor_args, Acquirer, LockState, SUCCESSOR_ARGS,
+    release_with, run_call, successor_args, Acquirer, LockState,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::Owner;
@@ -338,12 +338,7 @@ impl ExclusiveDriver {
                 return Ok(released);
             }
         }
-        let mut extra = successor_args(ctx, successor, self.handover_limit_ms());
-        if let Some(floor) = floor {
-            // `ARGV[15]`, after the six successor positions (empty without a successor).
-            extra.resize(SUCCESSOR_ARGS, "".into());
-            extra.push(floor.to_string().into());
-        }
+        let extra = successor_args(ctx, successor, self.handover_limit_ms(), floor);
         let args = release_call(ctx, owner, token, op, all)
             .events(ctx.event_args(&self.keys))
             .extra(extra);

@@ -18,7 +18,7 @@ use crate::lease::{HoldKind, Lease};
 use crate::lock::guard::{ReadGuard, WriteGuard};
 use crate::lock::{
     acquire_reply, force_unlock_with, leave_queue, release_call, release_with, run_call, run_ints,
-    successor_args, unexpected, Acquirer, SUCCESSOR_ARGS,
+    successor_args, unexpected, Acquirer,
 };
 use crate::notify::{Bid, WakeRule};
 use crate::owner::{op_id, Owner};
@@ -323,12 +323,7 @@ impl RwDriver {
         } else {
             0
         };
-        let mut extra = successor_args(ctx, successor, limit);
-        if let Some(floor) = floor {
-            // `ARGV[16]`, after the six successor positions (empty without a successor).
-            extra.resize(SUCCESSOR_ARGS, "".into());
-            extra.push(floor.to_string().into());
-        }
+        let extra = successor_args(ctx, successor, limit, floor);
         let args = release_call(ctx, owner, token, op, all)
             .events(ctx.event_args(&self.keys))
             .kind(self.mode.as_str())
