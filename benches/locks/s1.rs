@@ -5,16 +5,20 @@
 //! of a cycle, `--cycles` pairs of bare `EVALSHA`s of `return 1` with the key and argument
 //! shapes of the fast take and release scripts (`hold_take`, `hold_free`), each pair right after one more cycle (so that
 //! both see the same machine state), and `--cycles` fredlock cycles alone for the Redis
-//! command count per cycle.
+//! command count per cycle. Those cycles, and as many naive cycles alone, also give the CPU a
+//! cycle costs the bench process (the client: fredlock's code and fred's) and the server
+//! (`INFO cpu`): where the time of a cycle goes beyond its two round trips.
 
 use std::time::{Duration, Instant};
 
 use fred::clients::Client;
 use fred::interfaces::LuaInterface;
 
-use crate::measure::{histogram, ping_once, ping_warmup, progress, ratio, record, Summary};
+use crate::measure::{
+    histogram, ping_once, ping_warmup, process_cpu_us, progress, ratio, record, Summary,
+};
 use crate::peers::{AnyLock, LockKind, Naive, Rslock};
-use crate::redis::{command_stats, connect, shutdown, CommandStats};
+use crate::redis::{command_stats, connect, server_cpu_us, shutdown, CommandStats};
 use crate::run::ModeCtx;
 
 /// The lock every S1 cycle takes.
@@ -33,7 +37,42 @@ pub struct S1Result {
     pub floor: Summary,
     /// Redis command statistics of `cycles` fredlock cycles alone.
     pub commands: CommandStats,
+    /// The CPU of those cycles, and of as many naive cycles alone (if the naive peer ran).
+    pub cpu: CycleCpu,
+    pub naive_cpu: Option<CycleCpu>,
     pub cycles: u64,
+}
+
+/// CPU µs per cycle of a run of cycles alone: the bench process's (the client) and the
+/// server's.
+#[derive(Clone, Copy)]
+pub struct CycleCpu {
+    pub client_us: f64,
+    pub redis_us: f64,
+}
+
+impl CycleCpu {
+    /// Measures `cycles` runs of `cycle` (the client CPU of the whole bench process: nothing
+    /// else runs meanwhile).
+    async fn of<F, Fut>(redis: &Client, cycles: u64, mut cycle: F) -> Result<CycleCpu, String>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        let pid = std::process::id();
+        let client_cpu = || process_cpu_us(pid).ok_or("cannot read the bench's CPU time");
+        let (client_before, redis_before) = (client_cpu()?, server_cpu_us(redis).await?);
+        for _ in 0..cycles {
+            cycle().await?;
+        }
+        let (client_after, redis_after) = (client_cpu()?, server_cpu_us(redis).await?);
+        let per_cycle =
+            |before: u64, after: u64| after.saturating_sub(before) as f64 / cycles as f64;
+        Ok(CycleCpu {
+            client_us: per_cycle(client_before, client_after),
+            redis_us: per_cycle(redis_before, redis_after),
+        })
+    }
 }
 
 impl S1Result {
@@ -98,10 +137,20 @@ pub async fn run_s1(ctx: &ModeCtx<'_>) -> Result<S1Result, String> {
         record(&mut floor, bare.run(redis).await?);
     }
     let stats_before = command_stats(redis).await?;
-    for _ in 0..args.cycles {
-        s1_cycle(&mutex).await?;
-    }
+    let cpu = CycleCpu::of(redis, args.cycles, || async {
+        s1_cycle(&mutex).await.map(|_| ())
+    })
+    .await?;
     let commands = command_stats(redis).await?.since(&stats_before);
+    let naive_cpu = match peers.iter().find(|(kind, _, _)| *kind == LockKind::Naive) {
+        Some((_, naive, _)) => Some(
+            CycleCpu::of(redis, args.cycles, || async {
+                peer_cycle(naive).await.map(|_| ())
+            })
+            .await?,
+        ),
+        None => None,
+    };
     shutdown(&locks).await?;
     let result = S1Result {
         ping: Summary::of(&ping, 1e-3),
@@ -114,6 +163,8 @@ pub async fn run_s1(ctx: &ModeCtx<'_>) -> Result<S1Result, String> {
             .collect(),
         floor: Summary::of(&floor, 1e-3),
         commands,
+        cpu,
+        naive_cpu,
         cycles: args.cycles,
     };
     progress(&format!(

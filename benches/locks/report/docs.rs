@@ -74,7 +74,10 @@ const MEANING: &str = "\
 * **S1** is the cost of an uncontended `lock()` + `unlock()`: two script round trips. Its
   ratio to the hand-written `SET NX PX` + compare-and-delete cycle on the same fred client
   (\"naive\") is what fredlock's extra guarantees (fencing tokens, reentrancy, wake-ups) cost
-  when nobody else wants the lock.
+  when nobody else wants the lock. The *CPU per cycle* column splits that cost: the CPU a
+  cycle takes in the bench process (fredlock's code and fred's) and in the server (its two
+  scripts against the naive cycle's `SET` and small script), each measured over cycles run
+  alone.
 * **S2 and S7** are many tasks and processes fighting for one lock, each holding it for a
   `GET` + `SET`. *acq/s* is throughput; *wait* is what one task experiences. The polling peers
   (naive, rslock) reach high throughput by letting the releasing task take the lock straight

@@ -9,7 +9,7 @@ use crate::loop_stats::LoopResult;
 use crate::measure::{machine_json, progress, ratio, round};
 use crate::options::Args;
 use crate::run::Report;
-use crate::s1::S1Result;
+use crate::s1::{CycleCpu, S1Result};
 use crate::s3::S3Result;
 use crate::s6::S6Run;
 
@@ -169,5 +169,11 @@ pub fn s1_json(s1: &S1Result) -> Json {
             .map(|(kind, p)| (kind.name().to_owned(), p.json()))
             .collect::<serde_json::Map<_, _>>(),
         "cycle_p50_per_naive_p50": s1.over_naive().map(|r| round(r, 3)),
+        "cpu_us_per_cycle": cycle_cpu_json(&s1.cpu),
+        "naive_cpu_us_per_cycle": s1.naive_cpu.as_ref().map(cycle_cpu_json),
     })
+}
+
+fn cycle_cpu_json(cpu: &CycleCpu) -> Json {
+    json!({ "client": round(cpu.client_us, 1), "redis": round(cpu.redis_us, 1) })
 }

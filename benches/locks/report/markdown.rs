@@ -100,8 +100,9 @@ pub fn s1_table(args: &Args, results: &[(NotificationMode, S1Result)]) -> String
     );
     out += "| mode | PING p50 | cycle p50 | cycle p99 | p50 / PING | p50 / naive p50 | peers' \
             cycle p50 (/ PING) | p99 / PING | lock p50 | unlock p50 | floor: 2 bare EVALSHA p50 \
-            (/ PING) | EVALSHA per cycle (server µs per call) |\n\
-            |---|---|---|---|---|---|---|---|---|---|---|---|\n";
+            (/ PING) | EVALSHA per cycle (server µs per call) | CPU µs per cycle, client / \
+            Redis: fredlock (naive) |\n\
+            |---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for (mode, s1) in results {
         let ping = s1.ping.p50;
         let (evalsha, evalsha_us) = s1.commands.per_op("evalsha", s1.cycles);
@@ -114,9 +115,16 @@ pub fn s1_table(args: &Args, results: &[(NotificationMode, S1Result)]) -> String
         let naive = s1
             .over_naive()
             .map_or_else(|| "–".to_owned(), |r| format!("**{r:.2}**"));
+        let naive_cpu = s1.naive_cpu.map_or_else(String::new, |cpu| {
+            format!(" ({:.0} / {:.0})", cpu.client_us, cpu.redis_us)
+        });
+        let cpu = format!(
+            "{:.0} / {:.0}{naive_cpu}",
+            s1.cpu.client_us, s1.cpu.redis_us
+        );
         out += &format!(
             "| {} | {:.1} | {:.1} | {:.1} | **{:.2}** | {naive} | {peers} | {:.2} | {:.1} | {:.1} \
-             | {:.1} ({:.2}) | {:.2} ({:.1}) |\n",
+             | {:.1} ({:.2}) | {:.2} ({:.1}) | {cpu} |\n",
             mode.as_str(),
             ping,
             s1.cycle.p50,
