@@ -266,10 +266,10 @@ scripts! {
     hold_inspect: [],
     hold_describe: [FENCE],
     rw_describe: [FENCE, NOTIFY, HOLD, RW],
-    latch_set: [LATCH],
+    latch_set: [HOLD, LATCH],
     latch_wait: [LATCH],
     latch_count_down: [NOTIFY, LATCH],
-    latch_delete: [NOTIFY, LATCH],
+    latch_delete: [NOTIFY, HOLD, LATCH],
     latch_describe: [LATCH],
 }
 
@@ -287,15 +287,20 @@ pub(crate) enum Key {
     Fence = 3,
     /// The shard's event stream or channel, the base name of the clients' inboxes.
     Events = 4,
+    /// A count-down latch's record of the calls that changed it lately (`lua/lib/latch.lua`).
+    Ops = 5,
 }
 
 impl Key {
     /// Every role, in the canonical order.
-    const ALL: [Key; 4] = [Key::Hold, Key::Queue, Key::Fence, Key::Events];
+    const ALL: [Key; 5] = [Key::Hold, Key::Queue, Key::Fence, Key::Events, Key::Ops];
 }
 
 /// The name of the [`Key::Queue`] key of a lock.
 const QUEUE: &str = "wait";
+
+/// The name of the [`Key::Ops`] key of a latch.
+const OPS: &str = "op";
 
 /// The KEYS of one lock's scripts, in the canonical order: the one place that orders them.
 /// Key names are built per call (a lock handle stays small; a call allocates its keys anyway).
@@ -321,6 +326,7 @@ impl<'a> ScriptKeys<'a> {
             Key::Queue => self.lock.key(QUEUE),
             Key::Fence => self.lock.fence().to_owned(),
             Key::Events => self.lock.events().to_owned(),
+            Key::Ops => self.lock.key(OPS),
         }
     }
 
@@ -389,6 +395,13 @@ impl ScriptArgs {
         let mut args = Self::no_call();
         args.0[3] = waiter.into();
         args
+    }
+
+    /// Sets the op id at its place in the call section, in a script without a call of a lock
+    /// (a latch's `try_set_count` and `delete`).
+    pub(crate) fn op(mut self, op: &str) -> Self {
+        self.0[2] = op.into();
+        self
     }
 
     /// Sets the retry window (ms) at its place in the call section, in a script without a
@@ -540,6 +553,7 @@ mod tests {
         ("queue", Key::Queue),
         ("fence", Key::Fence),
         ("events", Key::Events),
+        ("ops", Key::Ops),
     ];
 
     /// Position of each shared ARGV role (`lua/README.md`); other names are a script's own.

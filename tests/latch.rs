@@ -150,7 +150,35 @@ async fn bad_counts_and_foreign_values_are_refused() {
     expect_wrong_type(&latch).await;
     let planted: String = redis.get(&key).await.unwrap();
     assert_eq!(planted, "abc", "a foreign value is left alone");
+
+    // The record of the calls that set or deleted the latch lately, beside its count.
+    let ops = key.replacen(":latch:", ":latch.op:", 1);
+    let _: () = redis.del((key.as_str(), ops.as_str())).await.unwrap();
+    let _: () = redis.hset(&ops, ("planted", "1")).await.unwrap();
+    expect_wrong_type_at(&latch, &ops).await;
+    let _: () = redis
+        .set(&ops, "not an op id", None, None, false)
+        .await
+        .unwrap();
+    expect_wrong_type_at(&latch, &ops).await;
+    let planted: String = redis.get(&ops).await.unwrap();
+    assert_eq!(planted, "not an op id", "a foreign value is left alone");
+    assert_eq!(latch.count().await.unwrap(), 0, "nothing was written");
     shutdown(&locks).await;
+}
+
+/// `try_set_count` and `delete` refuse a foreign value under `key` (the latch's record of the
+/// calls that changed it), naming it.
+async fn expect_wrong_type_at(latch: &CountDownLatch, key: &str) {
+    for outcome in [
+        latch.try_set_count(2).await.map(|_| ()),
+        latch.delete().await.map(|_| ()),
+    ] {
+        assert!(
+            matches!(&outcome, Err(Error::WrongType { key: named, .. }) if named == key),
+            "{outcome:?}"
+        );
+    }
 }
 
 /// The key that holds `latch`'s count: the one key a set creates.
@@ -203,5 +231,47 @@ async fn a_count_down_whose_reply_is_lost_is_not_applied_twice() {
     assert_eq!(latch.count_down().await.unwrap(), 1);
     assert_eq!(latch.count_down().await.unwrap(), 0);
     bounded("the opened latch", latch.wait()).await.unwrap();
+    shutdown(&locks).await;
+}
+
+/// `try_set_count` and `delete` whose reply is lost are sent again by fred after it
+/// reconnects, and the second delivery answers what the first did: each call carries an op id
+/// that the latch remembers for a while after the change it made (`lua/latch_set.lua`). Without
+/// it the repeat would find the count the first delivery set (or the latch it deleted) and
+/// answer `false` for a call that did what it was asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_or_delete_whose_reply_is_lost_answers_what_it_did() {
+    init_tracing();
+    let server = RedisServer::start();
+    let proxy = ReplyDropper::start(server.port()).await;
+    let locks = connect(proxy.config("latch-resent")).await;
+    let latch = locks.count_down_latch("gate").unwrap();
+    // Both scripts cached: the replies swallowed below are theirs, not a NOSCRIPT's.
+    assert!(latch.try_set_count(1).await.unwrap());
+    assert!(latch.delete().await.unwrap());
+
+    proxy.arm();
+    let set = bounded("a set whose reply is lost", latch.try_set_count(3)).await;
+    assert!(
+        set.unwrap(),
+        "the re-sent set answers that it set the count"
+    );
+    assert_eq!(latch.count().await.unwrap(), 3, "set once");
+    assert!(
+        !latch.try_set_count(5).await.unwrap(),
+        "another set still finds the count"
+    );
+
+    proxy.arm();
+    let deleted = bounded("a delete whose reply is lost", latch.delete()).await;
+    assert!(
+        deleted.unwrap(),
+        "the re-sent delete answers that it deleted the latch"
+    );
+    assert_eq!(latch.count().await.unwrap(), 0);
+    assert!(
+        !latch.delete().await.unwrap(),
+        "another delete finds it open"
+    );
     shutdown(&locks).await;
 }

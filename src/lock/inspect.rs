@@ -547,6 +547,11 @@ mod tests {
             of("{app:3}:latch.wait:gate"),
             Some((LockKind::Latch, "gate".into()))
         );
+        assert_eq!(
+            of("{app:3}:latch.op:gate"),
+            None,
+            "a latch's record of its calls"
+        );
         assert_eq!(of("{app:3}:fence"), None);
         assert_eq!(of("{app:events}:to:abc"), None);
         assert_eq!(of("{app:1}:events:to:abc"), None);

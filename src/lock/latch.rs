@@ -19,6 +19,7 @@ use crate::engine::{Engine, Patience, TransientRetry};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::lock::{flag_reply, run_call, unexpected};
+use crate::owner::op_id;
 use crate::scripts::{int_array, Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// A distributed count-down latch (Redisson's `RCountDownLatch`), made by
@@ -89,8 +90,8 @@ impl CountDownLatch {
             return Err(Error::InvalidCount(count));
         }
         let script = &SCRIPTS.latch_set;
-        let args = ScriptArgs::own([count.to_string().into()]);
-        let reply = self.call(script, Key::Queue, args).await?;
+        let args = self.changing().extra([count.to_string().into()]);
+        let reply = self.call(script, Key::Ops, args).await?;
         let set = flag_reply(script, &reply)?;
         tracing::debug!(latch = self.name(), count, set, "latch count set");
         Ok(set)
@@ -129,9 +130,13 @@ impl CountDownLatch {
     /// `true` when it had a count.
     pub async fn delete(&self) -> Result<bool> {
         let script = &SCRIPTS.latch_delete;
-        let args = ScriptArgs::no_call().events(self.engine.ctx.event_args(&self.keys));
-        let reply = self.call(script, Key::Events, args).await?;
-        flag_reply(script, &reply)
+        let args = self
+            .changing()
+            .events(self.engine.ctx.event_args(&self.keys));
+        let reply = self.call(script, Key::Ops, args).await?;
+        let deleted = flag_reply(script, &reply)?;
+        tracing::debug!(latch = self.name(), deleted, "latch deleted");
+        Ok(deleted)
     }
 
     /// Waits until the latch is open.
@@ -197,6 +202,14 @@ impl CountDownLatch {
                 outcome => return outcome,
             }
         }
+    }
+
+    /// The call section of a `try_set_count` or `delete`: a fresh op id and the window for
+    /// which the latch remembers it once the call changed the latch (`lua/lib/latch.lua`), so
+    /// that fred's re-sending of a call whose reply was lost is answered as the call was.
+    fn changing(&self) -> ScriptArgs {
+        let window_ms = self.engine.ctx.tombstone_ttl().as_millis() as i64;
+        ScriptArgs::no_call().op(&op_id()).window(window_ms)
     }
 
     async fn call(&self, script: &Script, last: Key, args: ScriptArgs) -> Result<Vec<i64>> {

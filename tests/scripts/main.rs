@@ -26,7 +26,8 @@
 //! the clock read around the call that wrote them ([`Span`]).
 //!
 //! Modules: [`lua`] (the harness), [`hold`], [`fast`] (the exclusive locks' fast paths),
-//! [`grants`], [`checks`], [`rw`] (the read-write lock's scripts).
+//! [`grants`], [`checks`], [`rw`] (the read-write lock's scripts), [`latch`] (the count-down
+//! latch's answered repeats).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -35,5 +36,6 @@ mod checks;
 mod fast;
 mod grants;
 mod hold;
+mod latch;
 mod lua;
 mod rw;
