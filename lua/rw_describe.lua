@@ -1,18 +1,23 @@
 -- rw_describe.lua: read a read-write lock or a semaphore, its holds and its wait queue,
 -- without changing them (one atomic snapshot, for inspection: src/lock/inspect.rs).
--- Uses lib/fence.lua, lib/hold.lua and lib/rw.lua.
+-- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- ARGV[1] limit    how many read holds and waiters to list at most each
+-- KEYS[2] queue    unused (the queue is in the hash)
+-- KEYS[3] fence    unused
+-- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- ARGV[1..5]       unused (no call)
+-- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id (unused)   the event arguments
+-- ARGV[9] limit    how many read holds and waiters to list at most each
 --
 -- Returns {writer's owner id ("" without a live write hold), write hold count, the lock's last
 --          fencing token ("" when it has no hash), ms until the write hold's lease ends (-2
 --          without), the semaphore's permit count (0 on a read-write lock), live read holds,
 --          read holds listed (r), waiters queued (alive), then r times {owner id, count,
 --          token, ms until its lease ends}, then per listed waiter, head first: {waiter id,
---          inbox tag, owner id}};
+--          inbox tag, owner id, whether its client listens (fl_listening: 1, 0, -1 unknown)}};
 --         a WRONGTYPE error when the key holds a foreign value (HMGET: a typed read).
-local limit = tonumber(ARGV[1])
+local events, mode, limit = KEYS[4], ARGV[6], tonumber(ARGV[9])
 local fields = fl_rw_read(KEYS[1])
 local now_ms = math.floor(fl_now_us() / 1000)
 local state = fl_rw_state(fields, now_ms, '')
@@ -34,6 +39,7 @@ for waiter, inbox, owner in string.gmatch(q, '(%S+) (%S+) (%S+)[^\n]*\n') do
     waiters[#waiters + 1] = waiter
     waiters[#waiters + 1] = inbox
     waiters[#waiters + 1] = owner
+    waiters[#waiters + 1] = fl_listening(events .. ':to:' .. inbox, mode)
   end
 end
 local reply = {state.writer or '', state.writer and (tonumber(fields[2]) or 0) or 0,

@@ -264,13 +264,13 @@ scripts! {
     rw_force_unlock: [FENCE, NOTIFY, HOLD, RW],
     hold_renew: [FENCE, HOLD],
     hold_inspect: [],
-    hold_describe: [FENCE],
+    hold_describe: [FENCE, NOTIFY],
     rw_describe: [FENCE, NOTIFY, HOLD, RW],
     latch_set: [HOLD, LATCH],
     latch_wait: [LATCH],
     latch_count_down: [NOTIFY, LATCH],
     latch_delete: [NOTIFY, HOLD, LATCH],
-    latch_describe: [LATCH],
+    latch_describe: [NOTIFY, LATCH],
 }
 
 /// A key role and its position in the KEYS of every script that takes it (`lua/README.md`): a

@@ -58,6 +58,8 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "pexpire",
     "pttl",
     "publish",
+    // Inspection in Pub/Sub mode: whether a waiter's client listens (`fl_listening`).
+    "pubsub|numsub",
     "sadd",
     "scard",
     "smembers",
@@ -157,8 +159,10 @@ fn the_documented_acl_block_grants_exactly_the_tested_commands() {
 
 #[test]
 fn acl_list_covers_every_script_command() {
+    // A subcommand grant (`pubsub|numsub`) covers the scripts' calls of its command.
     let granted: BTreeSet<&str> = acl_commands()
         .chain(ACL_CONDITIONAL.iter().copied())
+        .map(|grant| grant.split('|').next().unwrap_or(grant))
         .collect();
     let called = script_commands();
     assert!(
@@ -177,7 +181,7 @@ fn acl_list_covers_every_script_command() {
     let unused: Vec<&str> = ACL_SCRIPT_COMMANDS
         .iter()
         .copied()
-        .filter(|c| !called.contains(*c))
+        .filter(|grant| !called.contains(grant.split('|').next().unwrap_or(grant)))
         .collect();
     assert!(
         unused.is_empty(),
@@ -271,6 +275,28 @@ async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
             };
             mutex_handoff(&make(&holder), &make(&waiter), &waiter).await;
         }
+        // Inspection, which asks whether a waiter's client listens (`PUBSUB NUMSUB` in
+        // Pub/Sub mode).
+        let held = holder
+            .mutex("acl-inspect")
+            .expect("mutex")
+            .lock()
+            .await
+            .expect("lock");
+        let theirs = waiter.mutex("acl-inspect").expect("mutex");
+        let queued = tokio::spawn(async move { drop(theirs.lock().await.expect("lock")) });
+        support::eventually("the waiter queued", || waiter.stats().queued_in_redis > 0).await;
+        let seen = holder
+            .inspect(fredlock::LockKind::Mutex, "acl-inspect")
+            .await
+            .expect("inspect");
+        assert_eq!(seen.waiters.len(), 1, "{mode:?}: {seen:?}");
+        assert_eq!(seen.waiters[0].listening, Some(true), "{mode:?}");
+        held.unlock().await.expect("unlock");
+        bounded("the inspected waiter", queued)
+            .await
+            .expect("waiter");
+
         rwlock_handoff(
             &holder.rwlock("acl-rw").expect("rwlock"),
             &waiter.rwlock("acl-rw").expect("rwlock"),

@@ -63,6 +63,7 @@ async fn exclusive_locks_show_their_holder_and_queue() {
             assert_eq!(seen.waiters.len(), 1);
             assert!(seen.waiters[0].waited.is_some());
             assert_ne!(seen.waiters[0].owner, owner.id());
+            assert_eq!(seen.waiters[0].listening, Some(true), "{mode:?} {kind}");
             mine.unlock().await.unwrap();
             support::joined("the waiter", waiter).await;
 
@@ -110,6 +111,7 @@ async fn shared_holds_permits_and_latches_are_reported() {
             seen.waiters[0].waited, None,
             "only an exclusive queue keeps the time"
         );
+        assert_eq!(seen.waiters[0].listening, Some(true), "{mode:?}");
         assert_eq!(seen.permits, None);
         drop(readers);
         support::joined("the writer", queued).await;
@@ -139,6 +141,7 @@ async fn shared_holds_permits_and_latches_are_reported() {
         .await;
         let seen = report(&locks, LockKind::Latch, "gate").await;
         assert_eq!(seen.count, Some(2), "{mode:?}");
+        assert_eq!(seen.waiters[0].listening, Some(true), "{mode:?}");
         assert!(latch.delete().await.unwrap());
         support::joined("the latch waiter", wait).await;
 
@@ -310,4 +313,56 @@ async fn a_key_that_is_not_text_does_not_hide_the_locks() {
     assert_eq!(kept.as_bytes().as_deref(), Some(&b"x"[..]), "left alone");
     guard.unlock().await.unwrap();
     shutdown(&locks).await;
+}
+
+/// A waiter whose client is gone (its entry names an inbox nobody reads: no stream in Stream
+/// mode, no subscriber in Pub/Sub mode) is listed as not listening, beside a live one; so is a
+/// latch's waiting client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_client_is_gone_is_listed_as_not_listening() {
+    support::init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let prefix = format!("inspect-gone-{}", mode.as_str());
+        let locks = connect(config(&server, &prefix, mode)).await;
+        let other = connect(config(&server, &prefix, mode)).await;
+        let held = locks.mutex("m").unwrap().lock().await.unwrap();
+        let theirs = other.mutex("m").unwrap();
+        let live = waiting(&other, async move {
+            drop(theirs.lock().await.unwrap());
+        })
+        .await;
+        // The entry of a waiter whose process died: its client's inbox tag is read by nobody.
+        let queue = support::find_hold(&server, &prefix, "mutex.wait", "m").expect("the queue");
+        let gone = "wgone gonetag owner-of-a-dead-client 30000 3000";
+        server.cmd(&["ZADD", &queue, "1", gone]);
+        let seen = report(&locks, LockKind::Mutex, "m").await;
+        assert_eq!(seen.queued, 2, "{mode:?}: {seen:?}");
+        let listening: Vec<(&str, Option<bool>)> = seen
+            .waiters
+            .iter()
+            .map(|w| (w.client.as_str(), w.listening))
+            .collect();
+        assert_eq!(
+            listening[0],
+            ("gonetag", Some(false)),
+            "{mode:?}: the head, queued first"
+        );
+        assert_eq!(listening[1].1, Some(true), "{mode:?}: {seen:?}");
+        server.cmd(&["ZREM", &queue, gone]);
+        held.unlock().await.unwrap();
+        support::joined("the live waiter", live).await;
+
+        let latch = locks.count_down_latch("gate").unwrap();
+        assert!(latch.try_set_count(1).await.unwrap());
+        let count = support::find_hold(&server, &prefix, "latch", "gate").expect("the count");
+        let waiting_clients = count.replacen(":latch:", ":latch.wait:", 1);
+        server.cmd(&["SADD", &waiting_clients, "gonetag"]);
+        let seen = report(&locks, LockKind::Latch, "gate").await;
+        assert_eq!(seen.waiters.len(), 1, "{mode:?}: {seen:?}");
+        assert_eq!(seen.waiters[0].listening, Some(false), "{mode:?}");
+        assert!(latch.delete().await.unwrap());
+        shutdown(&locks).await;
+        shutdown(&other).await;
+    }
 }

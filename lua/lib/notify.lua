@@ -19,6 +19,12 @@
 -- is broadcast to every node). Uses EXISTS, XADD MAXLEN ~, XADD NOMKSTREAM (6.2+ only),
 -- PUBLISH (Redis 5.0) and SPUBLISH (7.0, cluster only).
 --
+-- fl_listening(inbox, mode) -> 1 when the client of that inbox is there to hear an event, 0 when
+--   it is not, -1 when the server cannot tell: for inspection, which sends nothing. Stream
+--   mode: the inbox exists (a client that died leaves it to expire, src/notify/stream.rs);
+--   Pub/Sub: a subscriber listens on the inbox channel. Redis Cluster ("spubsub", "bpubsub"):
+--   cannot tell (a script does not count the subscribers of a sharded channel, and PUBLISH's
+--   count covers one node before Redis 7).
 -- fl_emit_to(inbox, mode, payload) -> true when the client of that inbox is there to hear it
 --   An event for ONE client: into its inbox "<events key>:to:<inbox tag>" (same hash tag as
 --   the shard's events key), which only that client reads, so every other process stays
@@ -47,4 +53,14 @@ local function fl_emit_to(inbox, mode, payload)
   end
   local reached = redis.call('PUBLISH', inbox, payload)
   return reached > 0 or mode == 'bpubsub'
+end
+
+local function fl_listening(inbox, mode)
+  if mode == 'stream' or mode == 'stream6' then
+    return redis.call('EXISTS', inbox)
+  end
+  if mode == 'pubsub' then
+    return redis.call('PUBSUB', 'NUMSUB', inbox)[2] > 0 and 1 or 0
+  end
+  return -1
 end

@@ -342,8 +342,13 @@ fn shown(report: &LockReport) -> String {
     if !report.waiters.is_empty() {
         out.push_str("  waiters (head first):\n");
         for waiter in &report.waiters {
+            let listening = match waiter.listening {
+                Some(true) => "yes",
+                Some(false) => "no (client gone)",
+                None => "-",
+            };
             out.push_str(&format!(
-                "    client {} waiter {} owner {} waited {}\n",
+                "    client {} waiter {} owner {} waited {} listening {listening}\n",
                 id(&waiter.client),
                 id(&waiter.waiter),
                 id(&waiter.owner),

@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
-use crate::scripts::{Key, Script, ScriptKeys, SCRIPTS};
+use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// How many holders and waiters an inspection lists at most (each; the totals are exact).
 pub const INSPECT_LIMIT: usize = 100;
@@ -127,6 +127,12 @@ pub struct Waiter {
     /// How long it has waited (exclusive locks only; in JSON: `waited_ms`).
     #[serde(rename = "waited_ms", serialize_with = "as_ms")]
     pub waited: Option<Duration>,
+    /// Whether its client is still there to hear a grant or wake-up: in Stream mode its inbox
+    /// exists (a client that died leaves it to expire, within 30 s), in Pub/Sub mode a
+    /// subscriber listens on its inbox channel. A waiter whose client is gone stays queued
+    /// until a release passes it over (or its entry expires). `None` on a Redis Cluster,
+    /// where the server cannot tell.
+    pub listening: Option<bool>,
 }
 
 /// One lock as [`LockClient::inspect`](crate::LockClient::inspect) found it.
@@ -238,11 +244,16 @@ pub(crate) async fn inspect(ctx: &Context, kind: LockKind, name: &str) -> Result
     Ok(report)
 }
 
-async fn describe(ctx: &Context, keys: &LockKeys, script: &Script, last: Key) -> Result<Reply> {
+/// Runs a describe script: the lock's keys through the shard's events key (the base of the
+/// inboxes, whose clients it checks), the event arguments, and the listing limit.
+async fn describe(ctx: &Context, keys: &LockKeys, script: &Script) -> Result<Reply> {
     let limit = Value::from(INSPECT_LIMIT as i64);
-    let script_keys = ScriptKeys::new(keys).through(last);
+    let args = ScriptArgs::no_call()
+        .events(ctx.event_args(keys))
+        .extra([limit]);
+    let script_keys = ScriptKeys::new(keys).through(Key::Events);
     let value = ctx
-        .run(script, keys.name(), script_keys, vec![limit])
+        .run(script, keys.name(), script_keys, args.into_vec())
         .await?;
     match value {
         Value::Array(items) => Ok(Reply {
@@ -258,7 +269,7 @@ async fn describe(ctx: &Context, keys: &LockKeys, script: &Script, last: Key) ->
 
 /// `lua/hold_describe.lua`.
 async fn describe_hold(ctx: &Context, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
-    let mut reply = describe(ctx, keys, &SCRIPTS.hold_describe, Key::Queue).await?;
+    let mut reply = describe(ctx, keys, &SCRIPTS.hold_describe).await?;
     let owner = reply.text()?;
     let hold_count = reply.number()?;
     report.last_token = reply.token()?;
@@ -277,6 +288,7 @@ async fn describe_hold(ctx: &Context, keys: &LockKeys, report: &mut LockReport) 
     while !reply.is_done() {
         let member = reply.text()?;
         let waited = reply.ms()?;
+        let listening = reply.listening()?;
         let mut words = member.split(' ');
         let (Some(waiter), Some(client), Some(owner)) = (words.next(), words.next(), words.next())
         else {
@@ -287,6 +299,7 @@ async fn describe_hold(ctx: &Context, keys: &LockKeys, report: &mut LockReport) 
             owner: owner.to_owned(),
             client: client.to_owned(),
             waited,
+            listening,
         });
     }
     Ok(())
@@ -294,7 +307,7 @@ async fn describe_hold(ctx: &Context, keys: &LockKeys, report: &mut LockReport) 
 
 /// `lua/rw_describe.lua`.
 async fn describe_rw(ctx: &Context, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
-    let mut reply = describe(ctx, keys, &SCRIPTS.rw_describe, Key::Hold).await?;
+    let mut reply = describe(ctx, keys, &SCRIPTS.rw_describe).await?;
     let writer = reply.text()?;
     let write_count = reply.number()?;
     report.last_token = reply.token()?;
@@ -329,6 +342,7 @@ async fn describe_rw(ctx: &Context, keys: &LockKeys, report: &mut LockReport) ->
             client: reply.text()?,
             owner: reply.text()?,
             waited: None,
+            listening: reply.listening()?,
         });
     }
     Ok(())
@@ -336,7 +350,7 @@ async fn describe_rw(ctx: &Context, keys: &LockKeys, report: &mut LockReport) ->
 
 /// `lua/latch_describe.lua`: a latch has no holders, and lists its waiting clients.
 async fn describe_latch(ctx: &Context, keys: &LockKeys, report: &mut LockReport) -> Result<()> {
-    let mut reply = describe(ctx, keys, &SCRIPTS.latch_describe, Key::Queue).await?;
+    let mut reply = describe(ctx, keys, &SCRIPTS.latch_describe).await?;
     report.count = Some(reply.number()?);
     report.queued = reply.number()?;
     while !reply.is_done() {
@@ -345,6 +359,7 @@ async fn describe_latch(ctx: &Context, keys: &LockKeys, report: &mut LockReport)
             owner: String::new(),
             client: reply.text()?,
             waited: None,
+            listening: reply.listening()?,
         });
     }
     Ok(())
@@ -400,6 +415,17 @@ impl Reply {
     fn ms(&mut self) -> Result<Option<Duration>> {
         let ms = self.integer()?;
         Ok((ms >= 0).then(|| Duration::from_millis(ms as u64)))
+    }
+
+    /// Whether a waiter's client listens (`fl_listening` in `lua/lib/notify.lua`): 1, 0, or
+    /// -1 when the server cannot tell.
+    fn listening(&mut self) -> Result<Option<bool>> {
+        match self.integer()? {
+            1 => Ok(Some(true)),
+            0 => Ok(Some(false)),
+            -1 => Ok(None),
+            other => Err(self.bad(format!("expected 1, 0 or -1, got {other}"))),
+        }
     }
 
     /// A fencing token as the decimal text the script read; "": none.
