@@ -84,7 +84,8 @@ impl CountDownLatch {
     /// Gives the latch `count` if it is open (it has no count): `true` when this call set it,
     /// `false` when it has a count already (left as it is). A `count` of 0 or above
     /// [`CountDownLatch::MAX_COUNT`] is refused with [`Error::InvalidCount`] before any Redis
-    /// call.
+    /// call. A call whose reply a broken connection lost is sent again after the reconnect,
+    /// and answers what its first delivery did.
     pub async fn try_set_count(&self, count: u64) -> Result<bool> {
         if count == 0 || count > Self::MAX_COUNT {
             return Err(Error::InvalidCount(count));
@@ -127,7 +128,8 @@ impl CountDownLatch {
     }
 
     /// Deletes the latch whatever its count, which opens it: every waiting task returns.
-    /// `true` when it had a count.
+    /// `true` when it had a count (also when a broken connection lost the reply and the call
+    /// was sent again, as for [`try_set_count`](Self::try_set_count)).
     pub async fn delete(&self) -> Result<bool> {
         let script = &SCRIPTS.latch_delete;
         let args = self
