@@ -10,8 +10,8 @@ use fredlock::{
     NotificationMode, Owner, INSPECT_LIMIT,
 };
 use support::{
-    config, connect, eventually, in_both_modes, layout_key, mutex_keys, shutdown, RedisServer,
-    MODES,
+    config, connect, eventually, in_both_modes, in_both_modes_on, layout_key, mutex_keys, shutdown,
+    RedisServer, MODES,
 };
 
 /// Spawns `acquire` on a task and returns once `locks` shows it waiting (locally or in Redis).
@@ -322,10 +322,9 @@ async fn a_key_that_is_not_text_does_not_hide_the_locks() {
 async fn a_waiter_whose_client_is_gone_is_listed_as_not_listening() {
     support::init_tracing();
     let server = RedisServer::start();
-    for mode in MODES {
+    let server = &server;
+    in_both_modes_on(server, "inspect-gone", |mode, locks, other| async move {
         let prefix = format!("inspect-gone-{}", mode.as_str());
-        let locks = connect(config(&server, &prefix, mode)).await;
-        let other = connect(config(&server, &prefix, mode)).await;
         let held = locks.mutex("m").unwrap().lock().await.unwrap();
         let theirs = other.mutex("m").unwrap();
         let live = waiting(&other, async move {
@@ -333,7 +332,7 @@ async fn a_waiter_whose_client_is_gone_is_listed_as_not_listening() {
         })
         .await;
         // The entry of a waiter whose process died: its client's inbox tag is read by nobody.
-        let queue = support::find_hold(&server, &prefix, "mutex.wait", "m").expect("the queue");
+        let queue = support::find_hold(server, &prefix, "mutex.wait", "m").expect("the queue");
         let gone = "wgone gonetag owner-of-a-dead-client 30000 3000";
         server.cmd(&["ZADD", &queue, "1", gone]);
         let seen = report(&locks, LockKind::Mutex, "m").await;
@@ -355,14 +354,13 @@ async fn a_waiter_whose_client_is_gone_is_listed_as_not_listening() {
 
         let latch = locks.count_down_latch("gate").unwrap();
         assert!(latch.try_set_count(1).await.unwrap());
-        let count = support::find_hold(&server, &prefix, "latch", "gate").expect("the count");
+        let count = support::find_hold(server, &prefix, "latch", "gate").expect("the count");
         let waiting_clients = count.replacen(":latch:", ":latch.wait:", 1);
         server.cmd(&["SADD", &waiting_clients, "gonetag"]);
         let seen = report(&locks, LockKind::Latch, "gate").await;
         assert_eq!(seen.waiters.len(), 1, "{mode:?}: {seen:?}");
         assert_eq!(seen.waiters[0].listening, Some(false), "{mode:?}");
         assert!(latch.delete().await.unwrap());
-        shutdown(&locks).await;
-        shutdown(&other).await;
-    }
+    })
+    .await;
 }

@@ -208,17 +208,26 @@ async fn expect_wrong_type(latch: &CountDownLatch) {
     }
 }
 
+/// A server, a [`ReplyDropper`] in front of it, a client of prefix `prefix` through the proxy,
+/// and its latch `gate`.
+async fn behind_a_reply_dropper(
+    prefix: &str,
+) -> (RedisServer, ReplyDropper, LockClient, CountDownLatch) {
+    init_tracing();
+    let server = RedisServer::start();
+    let proxy = ReplyDropper::start(server.port()).await;
+    let locks = connect(proxy.config(prefix)).await;
+    let latch = locks.count_down_latch("gate").unwrap();
+    (server, proxy, locks, latch)
+}
+
 /// A count-down whose reply is lost (the connection breaks after the script ran) is not sent
 /// again: fred re-sends a command that was in flight on a broken connection, and a count-down
 /// has no op id to answer a second delivery with, so it would count twice. The caller gets an
 /// error instead (it may or may not have been applied; here it was, once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_down_whose_reply_is_lost_is_not_applied_twice() {
-    init_tracing();
-    let server = RedisServer::start();
-    let proxy = ReplyDropper::start(server.port()).await;
-    let locks = connect(proxy.config("latch-lost")).await;
-    let latch = locks.count_down_latch("once").unwrap();
+    let (_server, proxy, locks, latch) = behind_a_reply_dropper("latch-lost").await;
     assert!(latch.try_set_count(4).await.unwrap());
     // The script is cached now: the reply swallowed below is the script's, not a NOSCRIPT.
     assert_eq!(latch.count_down().await.unwrap(), 3);
@@ -241,11 +250,7 @@ async fn a_count_down_whose_reply_is_lost_is_not_applied_twice() {
 /// answer `false` for a call that did what it was asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_or_delete_whose_reply_is_lost_answers_what_it_did() {
-    init_tracing();
-    let server = RedisServer::start();
-    let proxy = ReplyDropper::start(server.port()).await;
-    let locks = connect(proxy.config("latch-resent")).await;
-    let latch = locks.count_down_latch("gate").unwrap();
+    let (_server, proxy, locks, latch) = behind_a_reply_dropper("latch-resent").await;
     // Both scripts cached: the replies swallowed below are theirs, not a NOSCRIPT's.
     assert!(latch.try_set_count(1).await.unwrap());
     assert!(latch.delete().await.unwrap());

@@ -178,10 +178,19 @@ where
 {
     super::init_tracing();
     let server = RedisServer::start();
+    in_both_modes_on(&server, prefix, scenario).await;
+}
+
+/// [`in_both_modes`] on `server`, for a scenario that also reaches the server directly.
+pub async fn in_both_modes_on<F, Fut>(server: &RedisServer, prefix: &str, scenario: F)
+where
+    F: Fn(NotificationMode, LockClient, LockClient) -> Fut,
+    Fut: Future<Output = ()>,
+{
     for mode in MODES {
         let prefix = format!("{prefix}-{}", mode.as_str());
-        let first = connect(config(&server, &prefix, mode)).await;
-        let second = connect(config(&server, &prefix, mode)).await;
+        let first = connect(config(server, &prefix, mode)).await;
+        let second = connect(config(server, &prefix, mode)).await;
         scenario(mode, first.clone(), second.clone()).await;
         shutdown(&first).await;
         shutdown(&second).await;
