@@ -278,6 +278,10 @@ impl LockClient {
     }
 
     async fn start(command: Client, owns_command: bool, config: Config) -> Result<LockClient> {
+        // Built here, not by the first lock call: services of many processes start together
+        // and take their first locks together, when a few ms of CPU in each would starve the
+        // server they all wait on.
+        crate::scripts::prepare();
         let clustered = command.is_clustered();
         // Sharded Pub/Sub (SPUBLISH/SSUBSCRIBE) exists from Redis 7 on; an older cluster
         // broadcasts plain PUBLISH messages to every node, which works too (at more traffic).

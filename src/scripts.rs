@@ -15,6 +15,7 @@
 //! `lua/README.md`). [`ScriptKeys`] and [`ScriptArgs`] are the only places that build them, and
 //! the unit tests check every script header against [`Key`] and the ARGV positions.
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
 use fred::clients::Client;
@@ -37,8 +38,13 @@ pub(crate) struct Script {
 impl Script {
     /// A script made of the library functions its source needs (from the type checks and the
     /// given library preludes) and its own source.
-    fn new(name: &'static str, source: &str, libraries: &[&str]) -> Script {
-        let mut body = prelude_for(source, libraries);
+    fn new(
+        catalog: &mut Catalog,
+        name: &'static str,
+        source: &str,
+        libraries: &[&'static str],
+    ) -> Script {
+        let mut body = catalog.prelude_for(source, libraries);
         body.push_str(source);
         let sha = fred::util::sha1_hash(&body);
         let issues_tokens = source
@@ -72,7 +78,10 @@ impl Script {
         keys: &[RedisKey],
         args: &[Value],
     ) -> Result<Value, fred::error::Error> {
-        self.sha_then_body(|text, by_body| {
+        static ZN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let zt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+        let zn = ZN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let r = self.sha_then_body(|text, by_body| {
             let (keys, args) = (MultipleKeys::from(keys.to_vec()), args.to_vec());
             async move {
                 match by_body {
@@ -81,7 +90,12 @@ impl Script {
                 }
             }
         })
-        .await
+        .await;
+        if zn < 4 && std::env::var_os("ZZ_PROBE").is_some() {
+            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
+            eprintln!("ZZS {} {} {zt} {t} {:?}", std::process::id(), self.name(), r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        }
+        r
     }
 
     /// [`run`](Self::run), but each command is written at most once: fred does not re-send it
@@ -137,32 +151,88 @@ impl Script {
     }
 }
 
-/// The definitions of the type checks and of `libraries` that `source` uses, directly or
-/// through one another, in library order. A library is a sequence of top-level `local`
-/// definitions (functions and constants) after its header comment.
-fn prelude_for(source: &str, libraries: &[&str]) -> String {
-    let functions: Vec<(&str, &str)> = std::iter::once(CHECK)
-        .chain(libraries.iter().copied())
-        .flat_map(lua_definitions)
-        .collect();
-    let mut needed = vec![false; functions.len()];
-    let mut pending = vec![source];
-    while let Some(text) = pending.pop() {
-        for (index, (name, block)) in functions.iter().enumerate() {
-            if !needed[index] && mentions(text, name) {
-                needed[index] = true;
-                pending.push(block);
+/// The top-level definitions of the library preludes, each read once however many scripts
+/// use it: the registry is built when a client connects, in every process of a fleet at once
+/// when it starts, so building it must cost next to nothing.
+#[derive(Default)]
+struct Catalog {
+    libraries: Vec<(&'static str, Vec<Definition>)>,
+}
+
+/// One top-level definition of a library: its name, its text, and the distinct words of that
+/// text (whichever of them name other definitions are what it uses).
+struct Definition {
+    name: &'static str,
+    block: &'static str,
+    words: Vec<&'static str>,
+}
+
+impl Catalog {
+    /// The definitions of `library`, read on first use.
+    fn definitions(&mut self, library: &'static str) -> &[Definition] {
+        let at = match self.libraries.iter().position(|(text, _)| *text == library) {
+            Some(at) => at,
+            None => {
+                let definitions = lua_definitions(library)
+                    .into_iter()
+                    .map(|(name, block)| {
+                        let mut words: Vec<&str> = identifiers(block).collect();
+                        words.sort_unstable();
+                        words.dedup();
+                        Definition { name, block, words }
+                    })
+                    .collect();
+                self.libraries.push((library, definitions));
+                self.libraries.len() - 1
+            }
+        };
+        &self.libraries[at].1
+    }
+
+    /// The definitions of the type checks and of `libraries` that `source` uses, directly or
+    /// through one another, in library order.
+    fn prelude_for(&mut self, source: &str, libraries: &[&'static str]) -> String {
+        for library in std::iter::once(CHECK).chain(libraries.iter().copied()) {
+            self.definitions(library);
+        }
+        let functions: Vec<&Definition> = std::iter::once(CHECK)
+            .chain(libraries.iter().copied())
+            .flat_map(|library| {
+                let found = self.libraries.iter().find(|(text, _)| *text == library);
+                found.map(|(_, definitions)| definitions.iter()).into_iter().flatten()
+            })
+            .collect();
+        let mut defined: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (index, definition) in functions.iter().enumerate() {
+            defined.entry(definition.name).or_default().push(index);
+        }
+        let mut needed = vec![false; functions.len()];
+        let mut pending: Vec<usize> = Vec::new();
+        let mut mark = |word: &str, pending: &mut Vec<usize>| {
+            for &index in defined.get(word).into_iter().flatten() {
+                if !needed[index] {
+                    needed[index] = true;
+                    pending.push(index);
+                }
+            }
+        };
+        for word in identifiers(source) {
+            mark(word, &mut pending);
+        }
+        while let Some(index) = pending.pop() {
+            for word in &functions[index].words {
+                mark(word, &mut pending);
             }
         }
-    }
-    let mut prelude = String::new();
-    for ((_, block), _) in functions.iter().zip(&needed).filter(|(_, needed)| **needed) {
-        prelude.push_str(block);
-        if !block.ends_with('\n') {
-            prelude.push('\n');
+        let mut prelude = String::new();
+        for (definition, _) in functions.iter().zip(&needed).filter(|(_, needed)| **needed) {
+            prelude.push_str(definition.block);
+            if !definition.block.ends_with('\n') {
+                prelude.push('\n');
+            }
         }
+        prelude
     }
-    prelude
 }
 
 /// The (name, block) of every top-level definition of a library: a `local function` or a
@@ -188,13 +258,14 @@ fn lua_definitions(library: &str) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// Whether `text` contains the Lua identifier `name` as a whole word.
-fn mentions(text: &str, name: &str) -> bool {
-    text.match_indices(name).any(|(at, _)| {
-        let before = text[..at].chars().next_back();
-        let after = text[at + name.len()..].chars().next();
-        !before.is_some_and(is_identifier) && !after.is_some_and(is_identifier)
-    })
+/// The Lua identifiers (and numbers) of `text`, in order: its maximal runs of identifier
+/// characters.
+fn identifiers(text: &str) -> impl Iterator<Item = &str> {
+    // By bytes: identifier characters are ASCII, and no other byte of a UTF-8 text is one.
+    text.as_bytes()
+        .split(|byte| !is_identifier(char::from(*byte)))
+        .filter(|word| !word.is_empty())
+        .filter_map(|word| std::str::from_utf8(word).ok())
 }
 
 fn is_identifier(c: char) -> bool {
@@ -217,12 +288,16 @@ macro_rules! scripts {
         }
 
         /// The registry, built on first use.
-        pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-            $($field: Script::new(
-                stringify!($field),
-                include_str!(concat!("../lua/", stringify!($field), ".lua")),
-                &[$($lib),*],
-            ),)*
+        pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
+            let mut catalog = Catalog::default();
+            Scripts {
+                $($field: Script::new(
+                    &mut catalog,
+                    stringify!($field),
+                    include_str!(concat!("../lua/", stringify!($field), ".lua")),
+                    &[$($lib),*],
+                ),)*
+            }
         });
 
         /// (file name, source) of every script, for the header checks.
@@ -271,6 +346,11 @@ scripts! {
     latch_count_down: [NOTIFY, LATCH],
     latch_delete: [NOTIFY, HOLD, LATCH],
     latch_describe: [NOTIFY, LATCH],
+}
+
+/// Builds the registry now if no call built it yet (see [`Catalog`]).
+pub(crate) fn prepare() {
+    LazyLock::force(&SCRIPTS);
 }
 
 /// A key role and its position in the KEYS of every script that takes it (`lua/README.md`): a
