@@ -31,7 +31,7 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 /// trip (no event): a task already waiting, or one that asks before the releasing task next yields after
 /// the release ([`Config::defer_release`](crate::Config::defer_release), the usual worker
 /// loop). It does so only while no waiter queued in Redis has waited
-/// [`Config::handover_limit`](crate::Config::handover_limit) (30 ms by default); otherwise
+/// [`Config::handover_limit`](crate::Config::handover_limit) (20 ms by default); otherwise
 /// it grants the lock to the waiter queued longest, and only that waiter's process hears of
 /// it (one event into its inbox): one release wakes one task of one process, however many
 /// wait. The holder so granted may still hand the lock to a task of its own process once

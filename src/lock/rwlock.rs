@@ -38,7 +38,7 @@ use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
 /// a writer to another writer of the same client (through handles without an
 /// [`Owner`]) ahead of the queue, without a round trip while the client's window lasts, until
 /// the head of the queue has waited [`Config::handover_limit`](crate::Config::handover_limit)
-/// (30 ms by default): from then on a release grants the lock to the queue. That bounds every
+/// (20 ms by default): from then on a release grants the lock to the queue. That bounds every
 /// wait and keeps the cost of a write acquisition under contention at a `Mutex`'s. A zero
 /// limit makes the lock strictly fair: every hold goes to the queue in arrival order. Readers
 /// never barge.
