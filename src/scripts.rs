@@ -78,10 +78,7 @@ impl Script {
         keys: &[RedisKey],
         args: &[Value],
     ) -> Result<Value, fred::error::Error> {
-        static ZN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let zt = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
-        let zn = ZN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let r = self.sha_then_body(|text, by_body| {
+        self.sha_then_body(|text, by_body| {
             let (keys, args) = (MultipleKeys::from(keys.to_vec()), args.to_vec());
             async move {
                 match by_body {
@@ -90,12 +87,7 @@ impl Script {
                 }
             }
         })
-        .await;
-        if zn < 4 && std::env::var_os("ZZ_PROBE").is_some() {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0);
-            eprintln!("ZZS {} {} {zt} {t} {:?}", std::process::id(), self.name(), r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-        }
-        r
+        .await
     }
 
     /// [`run`](Self::run), but each command is written at most once: fred does not re-send it
@@ -190,7 +182,8 @@ impl Catalog {
     }
 
     /// The definitions of the type checks and of `libraries` that `source` uses, directly or
-    /// through one another, in library order.
+    /// through one another, in library order. A library is a sequence of top-level `local`
+    /// definitions (functions and constants) after its header comment.
     fn prelude_for(&mut self, source: &str, libraries: &[&'static str]) -> String {
         for library in std::iter::once(CHECK).chain(libraries.iter().copied()) {
             self.definitions(library);
@@ -199,7 +192,10 @@ impl Catalog {
             .chain(libraries.iter().copied())
             .flat_map(|library| {
                 let found = self.libraries.iter().find(|(text, _)| *text == library);
-                found.map(|(_, definitions)| definitions.iter()).into_iter().flatten()
+                found
+                    .map(|(_, definitions)| definitions.iter())
+                    .into_iter()
+                    .flatten()
             })
             .collect();
         let mut defined: HashMap<&str, Vec<usize>> = HashMap::new();
