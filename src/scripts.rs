@@ -160,43 +160,35 @@ struct Definition {
 }
 
 impl Catalog {
-    /// The definitions of `library`, read on first use.
-    fn definitions(&mut self, library: &'static str) -> &[Definition] {
-        let at = match self.libraries.iter().position(|(text, _)| *text == library) {
-            Some(at) => at,
-            None => {
-                let definitions = lua_definitions(library)
-                    .into_iter()
-                    .map(|(name, block)| {
-                        let mut words: Vec<&str> = identifiers(block).collect();
-                        words.sort_unstable();
-                        words.dedup();
-                        Definition { name, block, words }
-                    })
-                    .collect();
-                self.libraries.push((library, definitions));
-                self.libraries.len() - 1
-            }
-        };
-        &self.libraries[at].1
+    /// Where the definitions of `library` are in `libraries`, read on first use.
+    fn read(&mut self, library: &'static str) -> usize {
+        if let Some(at) = self.libraries.iter().position(|(text, _)| *text == library) {
+            return at;
+        }
+        let definitions = lua_definitions(library)
+            .into_iter()
+            .map(|(name, block)| {
+                let mut words: Vec<&str> = identifiers(block).collect();
+                words.sort_unstable();
+                words.dedup();
+                Definition { name, block, words }
+            })
+            .collect();
+        self.libraries.push((library, definitions));
+        self.libraries.len() - 1
     }
 
     /// The definitions of the type checks and of `libraries` that `source` uses, directly or
     /// through one another, in library order. A library is a sequence of top-level `local`
     /// definitions (functions and constants) after its header comment.
     fn prelude_for(&mut self, source: &str, libraries: &[&'static str]) -> String {
-        for library in std::iter::once(CHECK).chain(libraries.iter().copied()) {
-            self.definitions(library);
-        }
-        let functions: Vec<&Definition> = std::iter::once(CHECK)
+        let read: Vec<usize> = std::iter::once(CHECK)
             .chain(libraries.iter().copied())
-            .flat_map(|library| {
-                let found = self.libraries.iter().find(|(text, _)| *text == library);
-                found
-                    .map(|(_, definitions)| definitions.iter())
-                    .into_iter()
-                    .flatten()
-            })
+            .map(|library| self.read(library))
+            .collect();
+        let functions: Vec<&Definition> = read
+            .into_iter()
+            .flat_map(|at| self.libraries[at].1.iter())
             .collect();
         let mut defined: HashMap<&str, Vec<usize>> = HashMap::new();
         for (index, definition) in functions.iter().enumerate() {
@@ -283,7 +275,7 @@ macro_rules! scripts {
             $(pub(crate) $field: Script,)*
         }
 
-        /// The registry, built on first use.
+        /// The registry, built by [`prepare`] when a client connects (or by a first use).
         pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| {
             let mut catalog = Catalog::default();
             Scripts {
@@ -598,8 +590,7 @@ mod tests {
                 .iter()
                 .map(|(name, _)| *name)
                 .collect();
-            let mut called: Vec<&str> = body
-                .split(|c: char| !is_identifier(c))
+            let mut called: Vec<&str> = identifiers(body)
                 .filter(|word| word.starts_with("fl_") || word.starts_with("FL_"))
                 .collect();
             called.sort_unstable();
