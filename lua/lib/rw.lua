@@ -78,6 +78,8 @@
 --                                       read counts as due)
 -- fl_rw_live(q, now_ms)              -> q without the waiters whose time passed, and whether a
 --                                       writer is left in it
+-- fl_rw_live_by_pattern(q, now_ms)   -> the same, read by a pattern (a queue with a line of
+--                                       another shape, or one to drop)
 -- fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
 --   -> what fl_rw_grant returns. After a call ended or dropped holds (state is what is left):
 --   grants the queue its turn when no write hold is live (fl_rw_grant), and otherwise, or when
@@ -150,27 +152,47 @@ local function fl_rw_state(fields, now_ms, owner)
   if not s or s == '' then
     return state
   end
-  local kept = {}
-  for line, who, count, token, ends, op, waiter in
-      string.gmatch(s, '((%S+) (%d+) (%d+) (%d+) (%S+) (%S+)\n)') do
+  -- One pass that captures each line's end and position but not its text, and the owner's
+  -- line found by a plain search (a line starts with its owner id and a space): Redis's Lua
+  -- hashes every byte of every string a script builds, so capturing every line and its
+  -- fields, and joining the others' lines again, cost the server more than the rest of a
+  -- call with a dozen readers. The others' lines are rebuilt only when one is dropped.
+  local mine_at = owner ~= '' and fl_find_word(s, owner, 10, 32) or nil
+  local lapsed, covered = false, 0
+  for at, ends, stop in string.gmatch(s, '()%S+ %d+ %d+ (%d+) %S+ %S+\n()') do
     ends = tonumber(ends)
-    if ends > now_ms and (state.first == 0 or ends < state.first) then
-      state.first = ends
-    end
+    covered = covered + stop - at
     if ends <= now_ms then
-      state.changed = true
-    elseif who == owner then
-      state.mine = {count = tonumber(count), token = token, ends = ends, op = op, waiter = waiter}
-      state.readers = state.readers + 1
+      lapsed = true
     else
-      kept[#kept + 1] = line
       state.readers = state.readers + 1
-      if ends > state.last then
+      if state.first == 0 or ends < state.first then
+        state.first = ends
+      end
+      if at == mine_at then
+        local count, token, op, waiter = string.match(s, '^%S+ (%d+) (%d+) %d+ (%S+) (%S+)\n', at)
+        state.mine = {count = tonumber(count), token = token, ends = ends, op = op, waiter = waiter}
+      elseif ends > state.last then
         state.last = ends
       end
     end
   end
-  state.others = table.concat(kept)
+  if lapsed or covered ~= #s then
+    -- Lapsed lines, or text that is no line (which these scripts never write), are dropped.
+    state.changed = state.changed or lapsed
+    local kept = {}
+    for at, ends, stop in string.gmatch(s, '()%S+ %d+ %d+ (%d+) %S+ %S+\n()') do
+      if tonumber(ends) > now_ms and at ~= mine_at then
+        kept[#kept + 1] = string.sub(s, at, stop - 1)
+      end
+    end
+    state.others = table.concat(kept)
+  elseif state.mine then
+    local stop = string.find(s, '\n', mine_at, true)
+    state.others = string.sub(s, 1, mine_at - 1) .. string.sub(s, stop + 1)
+  else
+    state.others = s
+  end
   return state
 end
 
@@ -217,14 +239,12 @@ local function fl_rw_due(q, now_ms, limit)
   return not since or tonumber(since) <= now_ms - limit
 end
 
-local function fl_rw_live(q, now_ms)
-  if not q or q == '' then
-    return '', false
-  end
+local function fl_rw_live_by_pattern(q, now_ms)
+  -- fl_rw_live's reading of a queue with a line its plain searches cannot read.
   local kept, writer, dropped = {}, false, false
-  for line, first, alive in string.gmatch(q, '((%S)[^\n]* (%d+)\n)') do
+  for at, first, alive, stop in string.gmatch(q, '()(%S)[^\n]* (%d+)\n()') do
     if tonumber(alive) > now_ms then
-      kept[#kept + 1] = line
+      kept[#kept + 1] = string.sub(q, at, stop - 1)
       writer = writer or first == 'w'
     else
       dropped = true
@@ -234,6 +254,30 @@ local function fl_rw_live(q, now_ms)
     return q, writer
   end
   return table.concat(kept), writer
+end
+
+local function fl_rw_live(q, now_ms)
+  if not q or q == '' then
+    return '', false
+  end
+  -- Each line ends with its alive time, server ms: 13 digits (until the year 2286), read at a
+  -- fixed offset from the line's end, which a plain search finds. A pattern would try a match
+  -- at every byte and build every line as text (see fl_rw_state): with a dozen waiters that
+  -- cost the server more than the rest of the call. A line of another shape, or one to drop,
+  -- sends the queue to the pattern.
+  local find, byte = string.find, string.byte
+  local writer, at, size = false, 1, #q
+  while at <= size do
+    local stop = find(q, '\n', at, true)
+    local alive = stop and stop - at > 14 and byte(q, stop - 14) == 32 and
+      tonumber(string.sub(q, stop - 13, stop - 1))
+    if not alive or alive <= now_ms then
+      return fl_rw_live_by_pattern(q, now_ms)
+    end
+    writer = writer or byte(q, at) == 119
+    at = stop + 1
+  end
+  return q, writer
 end
 
 local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
