@@ -1282,6 +1282,54 @@ fn lapsed_holds_no_longer_count() {
     rw.assert_no_stray_keys();
 }
 
+/// Text in `s` or `q` that these scripts never write (a line of another shape) is read as a
+/// line pattern reads it, whatever shortcut the scripts take over well-formed lines: a line of
+/// `s` with a count that is no number is skipped and dropped with the next write, the lines
+/// around it still count;
+/// a queue line whose alive-until time has 14 digits (its last 13 would be a time long past)
+/// still counts as alive, so a writer queued under it keeps new readers out.
+#[test]
+fn text_of_another_shape_in_the_holds_or_the_queue_is_read_as_a_pattern_reads_it() {
+    init_tracing();
+    let server = RedisServer::start();
+    let rw = Rw::new(&server, "stream");
+    rw.open_inboxes(&["b", "w"]);
+    let ta = rw.acquire(Bid::read("a", "a-read"))[1];
+    let a_line = rw.reader("a", 1, ta, LEASE, "a-read", "-");
+    let writer = format!(
+        "ww {} w {LEASE} {WAITER_LEASE} {} 10000000000000\n",
+        tag("w"),
+        rw.clock_ms()
+    );
+    server.cmd(&[
+        "HSET",
+        RW_HOLD,
+        "s",
+        &format!("stray x 1 99999999999999 op -\n{a_line}"),
+        "q",
+        &writer,
+    ]);
+
+    let busy = rw.acquire(Bid::read("b", "b-read").waiting("rb"));
+    assert_eq!(busy[0], 0, "b read past the queued writer: {busy:?}");
+    let hash = rw.hash();
+    assert_eq!(
+        hash.s,
+        lines(&[&a_line]),
+        "the stray line dropped, a's line kept"
+    );
+    let queue = hash.q.unwrap_or_default();
+    assert!(
+        queue.starts_with(&writer) && queue.lines().count() == 2,
+        "the writer keeps its place and b queues behind it: {queue:?}"
+    );
+    assert_eq!(
+        rw.inspect()[..4],
+        [0, 0, 0, 1],
+        "a's read hold still counts"
+    );
+}
+
 /// A lock whose holds lapsed with waiters still queued is granted to them by the next
 /// acquisition, whoever makes it, before it looks for itself: a writer at the head is granted
 /// the lock and the caller queues behind it, unless the caller is that writer (it then takes
