@@ -146,7 +146,10 @@ pub struct Config {
     /// short grant), and the same [`lost`](crate::LockGuard::lost) watch. Such hand-overs stop
     /// a while after the hold was last written in Redis (or its grant arrived): half the
     /// [`Config::handover_limit`] when nobody else waited then, else one and a half limits
-    /// shared among the waiters queued in Redis and the holder (at most half a limit). Then a
+    /// shared among the waiters queued in Redis and the holder, or two while the
+    /// client has made fewer than eight acquisitions on that hold (at most half a limit
+    /// either way; a turn of one process so spreads the cost of the grant that ends it over
+    /// several acquisitions, however many processes wait). Then a
     /// release script looks at the queue again (and may grant the lock to it), so the
     /// eventual-fairness bound still holds, about that much later. Off, every hand-over is a
     /// script call.

@@ -64,7 +64,11 @@ pub(crate) fn hand_over(
         return None;
     }
     let now = Instant::now();
-    let window = window(config.handover_limit, hold.redis.queued);
+    let window = window(
+        config.handover_limit,
+        hold.redis.queued,
+        hold.token.saturating_sub(hold.redis.token),
+    );
     let left = hold.deadline().saturating_duration_since(now);
     let lasts = left.min(initial);
     let least = initial.min(config.waiter_lease) / 2;
@@ -80,17 +84,37 @@ pub(crate) fn hand_over(
 }
 
 /// How long after a hold was written in Redis it passes on within the process, with about
-/// `queued` waiters of other clients queued behind it then: half the hand-over limit when
-/// nobody waited, else a share of one and a half limits per waiter and the holder. Under a
-/// full load each process so holds the lock for about one window per turn, and a turn of all
-/// of them takes about one and a half limits plus their hand-offs between processes.
-fn window(limit: Duration, queued: u32) -> Duration {
+/// `queued` waiters of other clients queued behind it then and `handed` hand-overs made since:
+/// half the hand-over limit when nobody waited, else a share per waiter and the holder of one
+/// and a half limits, or of two limits while the turn has made fewer than
+/// [`TURN_HOLDS`] acquisitions (at most half a limit either way). Under a full load each process
+/// so holds the lock for about one window per turn.
+///
+/// Why a count as well as a time: a turn ends with a release script that grants the lock to
+/// another process, about ten Redis commands with the event that wakes it, while a hand-over
+/// within the process costs none. A window of time alone shrinks with the number of waiters,
+/// and with it the number of acquisitions that share those ten commands: 64 processes of one
+/// task each made two or three acquisitions per turn and paid three to four commands per
+/// acquisition, and the slower each acquisition ran, the fewer fit (so a loaded machine paid
+/// more Redis work exactly when it had least to spare). The count keeps a turn at about
+/// [`TURN_HOLDS`] acquisitions until the larger share runs out, which still bounds a full
+/// rotation of the waiters (and so the longest wait) by time.
+fn window(limit: Duration, queued: u32, handed: u64) -> Duration {
     let half = limit / 2;
     if queued == 0 {
         return half;
     }
-    (limit * 3 / 2 / queued.saturating_add(1)).min(half)
+    let limits_x2 = if handed.saturating_add(1) < TURN_HOLDS {
+        4
+    } else {
+        3
+    };
+    (limit * limits_x2 / 2 / queued.saturating_add(1)).min(half)
 }
+
+/// The acquisitions a turn of this client makes (its first hold and its hand-overs) before
+/// its window shrinks back to the plain share (see [`window`]).
+const TURN_HOLDS: u64 = 8;
 
 /// The token of a hold handed on from `hold`: one above `hold`'s. Not the server's clock: the
 /// hold in Redis may be gone without this client knowing yet (a forced unlock, a data loss),
@@ -168,4 +192,36 @@ pub(crate) async fn release_unused(driver: &Arc<dyn Driver>, handed: &HandedOver
         "released a hold handed over within the process that nobody took up"
     );
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMIT: Duration = Duration::from_millis(20);
+
+    #[test]
+    fn nobody_else_waiting_gives_half_a_limit() {
+        assert_eq!(window(LIMIT, 0, 0), LIMIT / 2);
+        assert_eq!(window(LIMIT, 0, 100), LIMIT / 2);
+    }
+
+    #[test]
+    fn a_short_turn_gets_the_larger_share_until_it_made_its_holds() {
+        // 63 waiters and the holder share two limits, then one and a half.
+        assert_eq!(window(LIMIT, 63, 0), LIMIT * 2 / 64);
+        assert_eq!(window(LIMIT, 63, TURN_HOLDS - 2), LIMIT * 2 / 64);
+        assert_eq!(window(LIMIT, 63, TURN_HOLDS - 1), LIMIT * 3 / 2 / 64);
+        assert_eq!(window(LIMIT, 63, 1000), LIMIT * 3 / 2 / 64);
+    }
+
+    #[test]
+    fn no_window_is_longer_than_half_a_limit() {
+        for queued in [1, 2, 3, 4] {
+            for handed in [0, TURN_HOLDS, u64::MAX] {
+                assert!(window(LIMIT, queued, handed) <= LIMIT / 2);
+            }
+        }
+        assert!(window(LIMIT, u32::MAX, u64::MAX) <= LIMIT / 2);
+    }
 }
