@@ -78,7 +78,15 @@ impl Ring {
             let weak = weak.clone();
             let prefix = channel.clone();
             let dispatcher = tokio::spawn(async move {
-                while let Ok(message) = messages.recv().await {
+                loop {
+                    let message = match messages.recv().await {
+                        Ok(message) => message,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                            eprintln!("ring: the subscriber missed {missed} turns");
+                            continue;
+                        }
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    };
                     let Some(shared) = weak.upgrade() else { return };
                     let turn = message
                         .channel
@@ -127,15 +135,22 @@ impl Ring {
             })
     }
 
-    /// Passes the turn on to the next one.
+    /// Passes the turn on to the next one. A process whose tasks have all ended (the run's
+    /// window is over for it) has closed its subscription, and a `PUBLISH` to its turn reaches
+    /// nobody: the turn then goes to the one after, so the tasks still waiting get theirs.
     pub async fn unlock(&self) -> Result<(), String> {
-        let next = (self.turn + 1) % self.shared.total;
-        let _: i64 = self
-            .shared
-            .publisher
-            .publish(format!("{}{next}", self.shared.channel), "t")
-            .await
-            .map_err(|err| format!("PUBLISH failed: {err}"))?;
+        for step in 1..self.shared.total {
+            let next = (self.turn + step) % self.shared.total;
+            let heard: i64 = self
+                .shared
+                .publisher
+                .publish(format!("{}{next}", self.shared.channel), "t")
+                .await
+                .map_err(|err| format!("PUBLISH failed: {err}"))?;
+            if heard > 0 {
+                return Ok(());
+            }
+        }
         Ok(())
     }
 
