@@ -44,6 +44,10 @@
 --         {1, 0, token, queued} when the lock was handed to the successor with this fencing
 --           token (also when this call is a retry of a release that did so); queued is about
 --           how many waiters stay queued behind it,
+--         {1, 0, token, queued, quiet} the same, when no queued waiter was due (ARGV[12]):
+--           none will be for quiet ms (the first waiter other than the successor then has
+--           waited `limit`; later ones queued later), so the successor's client may hand the
+--           lock on within itself until then without asking this script again,
 --         {2, bound ms, token} when the lock went to the queue and the successor (ARGV[14]
 --           set) joined the queue: the granted holder's bound and token, as in
 --           hold_acquire's busy reply (also to a retry, while the successor is queued: the
@@ -104,7 +108,7 @@ local freed_by = fl_freed_chain(op, fields[6])
 -- handed: whether the successor takes the hold over, with the queue as it is (false) or
 -- emptied (true); nil: no hand-over. Straight-line code, not a closure: a closure over this
 -- many locals costs the server more than the code it would share.
-local handed, head
+local handed, head, quiet
 -- The hold as the hand-over writes over it: as read, unless a grant wrote it meanwhile.
 local written = fields
 if successor ~= '' then
@@ -112,8 +116,8 @@ if successor ~= '' then
   -- by this call is never queued: no need to look.
   local any_due = limit == 0 and joins
   if not any_due then
-    head = fl_queue_due_head(queue, queued, fields[9] == '1' and 2 * limit or limit,
-      successor_waiter)
+    head, quiet = fl_queue_due_head(queue, queued, fields[9] == '1' and 2 * limit or limit,
+      successor_waiter, limit)
   end
   if queued == 0 or not (any_due or head) then
     handed = false
@@ -149,4 +153,7 @@ local next_token = fl_next_token(fields[3])
 local q = (handed or left ~= queued) and left or nil
 fl_hold_write(hold, queue, written, successor, next_token, ARGV[11], successor_waiter, freed_by,
   q, successor_waiter, successor_inbox)
+if quiet and quiet > 0 then
+  return {1, 0, next_token, left, quiet}
+end
 return {1, 0, next_token, left}

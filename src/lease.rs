@@ -270,6 +270,9 @@ pub(crate) struct RedisHold {
     pub(crate) written_at: Instant,
     /// About how many waiters of other clients were queued in Redis when it was written.
     pub(crate) queued: u32,
+    /// Until when none of them is due for a grant, when the release script that wrote it
+    /// said so: hand-overs within the process may go on until then (`crate::engine::cohort`).
+    pub(crate) quiet_until: Option<Instant>,
 }
 
 /// One hold: one owner's (possibly re-entered) hold on one lock, of kind `K` (the engine's
@@ -433,6 +436,7 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
             token,
             written_at: sent_at,
             queued,
+            quiet_until: None,
         });
         let key = hold_key(lock.hold_role(), owner.id(), lock.keys().id());
         let initial = lease.initial();

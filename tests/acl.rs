@@ -72,7 +72,6 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "zcard",
     "zpopmin",
     "zrange",
-    "zrangebyscore",
     "zrem",
     "zscore",
 ];

@@ -645,6 +645,8 @@ async fn handover_limit_zero_turns_the_shortcuts_off() {
 /// waiter of the lock to ask Redis: two tasks that waited on their own client's hold, with no
 /// place in the Redis queue, both get the lock after the other process's waiter, and neither
 /// sleeps until the old hold's lease (120 s, past the test's hang bound) would have ended.
+/// Only one of them queues in Redis (the process's envoy); the other waits behind it, and
+/// the lock passes from the one to the other within the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
     init_tracing();
@@ -687,11 +689,23 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
 
         let b_guard = joined("B is granted the lock", b_task).await.unwrap();
         assert!(b_guard.fencing_token() > a_token, "{mode:?}");
-        // Both were woken by A's release, asked Redis and queued behind B's hold.
-        eventually_async("both local waiters queue in Redis", || async {
-            queued_waiters(&server, &scene.hold_key).len() == 2
+        // Both were woken by A's release; one asked Redis and queued behind B's hold, the
+        // other waits behind it without a call.
+        eventually_async("one local waiter queues in Redis", || async {
+            queued_waiters(&server, &scene.hold_key).len() == 1
         })
         .await;
+        eventually("the other waits behind it", || scene.a.stats().waiting == 2).await;
+        assert_eq!(
+            queued_waiters(&server, &scene.hold_key).len(),
+            1,
+            "{mode:?}: one envoy per process"
+        );
+        assert_eq!(
+            scene.a.stats().attempts,
+            attempts + 1,
+            "{mode:?}: only the envoy asked"
+        );
         let b_token = b_guard.fencing_token();
         b_guard.unlock().await.unwrap();
         for local in locals {

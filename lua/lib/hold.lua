@@ -37,7 +37,8 @@
 -- instructions a byte), so a queue of 64 waiters read from the hash as text and rebuilt cost
 -- the server more than the rest of a grant. In a sorted set the hot paths touch only single
 -- members: a join is one ZADD, a grant reads the head (ZRANGE) and removes it (ZREM) or pops
--- it (ZPOPMIN), and the hand-over bound asks for the head only if it is due (ZRANGEBYSCORE).
+-- it (ZPOPMIN), and the hand-over bound reads the first two members with their scores (ZRANGE
+-- WITHSCORES): whether the head is due, and if not, when it will be.
 -- Each member is "<waiter id> <inbox tag> <owner id> <lease ms> <grant ms>" (ids never
 -- contain spaces: owner ids are printable ASCII without space, waiter ids hex, inbox tags
 -- alphanumeric), and its score the server clock (us) when it queued: the queue's order, and
@@ -104,9 +105,12 @@
 --                                      waiter id alone)
 -- fl_queue_remove(queue, count, member) -> the count after removing member, and whether it
 --                                      was queued
--- fl_queue_due_head(queue, count, wait_ms, except) -> the first member when it has waited
---                                      wait_ms or more by now and is not the waiter `except`;
---                                      nil otherwise
+-- fl_queue_due_head(queue, count, wait_ms, except, next_wait_ms) -> the first member when it
+--                                      has waited wait_ms or more by now and is not the waiter
+--                                      `except`; else nil and, when waiters are queued, the ms
+--                                      until the first of them other than `except` has waited
+--                                      next_wait_ms (0 when it has; next_wait_ms when only
+--                                      `except` is queued): nobody queued later is due sooner
 -- fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail, head) -> true, the count
 --   left, the token (text) and the grant ms when granted; false when nobody was left (the
 --   queue is then empty). tail: a member to queue behind the granted waiter in the same call
@@ -315,18 +319,32 @@ local function fl_queue_remove(queue, count, member)
   return count - 1, true
 end
 
-local function fl_queue_due_head(queue, count, wait_ms, except)
+local function fl_queue_due_head(queue, count, wait_ms, except, next_wait_ms)
   if count == 0 then
     return nil
   end
-  -- The comparison runs in Redis: no score comes back to be formatted and parsed.
-  local due = fl_queue_call(queue, 'ZRANGEBYSCORE', '-inf',
-    string.format('%d', fl_now_us() - wait_ms * 1000),
-    'LIMIT', '0', '1')[1]
-  if due and except ~= '' and fl_queue_parse(due) == except then
+  -- The first two members and their scores (µs since the epoch, exact in a Lua number): the
+  -- head decides, the second one matters only when the head is `except`.
+  local first = fl_queue_call(queue, 'ZRANGE', '0', '1', 'WITHSCORES')
+  local head, since = first[1], tonumber(first[2])
+  if not head then
     return nil
   end
-  return due
+  local now = fl_now_us()
+  local is_except = except ~= '' and fl_queue_parse(head) == except
+  if not is_except and since and since <= now - wait_ms * 1000 then
+    return head
+  end
+  if is_except then
+    since = tonumber(first[4])
+    if not first[3] then
+      return nil, next_wait_ms
+    end
+  end
+  if not since then
+    return nil
+  end
+  return nil, math.max(math.ceil((since + next_wait_ms * 1000 - now) / 1000), 0)
 end
 
 local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail, head)

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::cohort;
+use super::envoy::EnvoyTurn;
 use super::release::{take_parked, wake_local_waiters};
 use super::{Attempt, Driver, DriverHold, Successor};
 use crate::config::{check_duration, MAX_DURATION};
@@ -212,6 +213,11 @@ fn acquire_loop(
             driver: &driver,
         };
         let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
+        // Declared after the registration: dropped first, its wakeup of the next waiter is
+        // passed on if it lands on this one (`Registration`'s drop).
+        let envoy_eligible =
+            registration.is_some() && driver.handover().is_some() && owner.is_anonymous();
+        let mut envoy = EnvoyTurn::new(&driver, &waiter, envoy_eligible);
         let mut retry = TransientRetry::default();
         let mut op = op_id();
         // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
@@ -238,6 +244,7 @@ fn acquire_loop(
                 Some(Successor::HandedOver {
                     token,
                     queued: behind,
+                    quiet,
                 }) => {
                     if let Some(registration) = registration.as_ref() {
                         registration.taken();
@@ -246,7 +253,10 @@ fn acquire_loop(
                     let ctx = &driver.engine().ctx;
                     ctx.taken_over.fetch_add(1, Ordering::Relaxed);
                     let timing = (sent_at, lease.initial());
-                    let source = Source::OwnConnection { queued: behind };
+                    let source = Source::OwnConnection {
+                        queued: behind,
+                        quiet,
+                    };
                     let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
                     return Box::pin(hold).await.map(Some);
                 }
@@ -254,6 +264,7 @@ fn acquire_loop(
                     driver.engine().contention.contended(driver.keys().id());
                     last_busy = Some((sent_at, token));
                     queued.joined();
+                    envoy.queued_by_take_over(sent_at, ttl);
                     let Some(limit) = patience.wait_limit(ttl) else {
                         queued.leave().await;
                         return Ok(None);
@@ -268,7 +279,13 @@ fn acquire_loop(
         }
 
         loop {
+            let fallback = driver.engine().ctx.config.watchdog_lease;
             let limit = if let Some(limit) = first_wait.take() {
+                limit
+            } else if let Some(limit) =
+                envoy.wait_behind(fallback, |bound| patience.wait_limit(bound))
+            {
+                tracing::trace!("waiting behind this process's envoy");
                 limit
             } else {
                 let sent_at = Instant::now();
@@ -283,6 +300,7 @@ fn acquire_loop(
                 .await;
                 match attempt {
                     Ok(Attempt::Acquired { token, lasts }) => {
+                        envoy.arrived();
                         let lasts = lasts.unwrap_or(lease.initial());
                         if let Some(registration) = registration.as_ref() {
                             registration.taken();
@@ -306,6 +324,7 @@ fn acquire_loop(
                             queued.joined();
                         }
                         let ttl = ttl.unwrap_or(driver.engine().ctx.config.watchdog_lease);
+                        envoy.heard(sent_at, ttl);
                         if patience == Patience::None {
                             return Ok(None);
                         }
@@ -380,6 +399,7 @@ fn acquire_loop(
                         let timing = (handed.at, lease.initial());
                         let source = Source::OwnConnection {
                             queued: handed.queued,
+                            quiet: handed.quiet,
                         };
                         Some((handed.token, timing, source, &ctx.handed_over))
                     }
@@ -394,11 +414,13 @@ fn acquire_loop(
                     })
                 };
                 if let Some(adopted) = adopted {
+                    envoy.arrived();
                     return adopted.await;
                 }
                 given
             };
             if let Some((token, timing, source, counter)) = given {
+                envoy.arrived();
                 counter.fetch_add(1, Ordering::Relaxed);
                 let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
                 return Box::pin(hold).await.map(Some);
@@ -555,8 +577,12 @@ fn abandon(driver: &Arc<dyn Driver>, waiter: Arc<str>) -> Option<BoxFuture<'stat
 enum Source {
     /// This acquisition's own acquire script.
     OwnScript,
-    /// A release by this client (a local hand-over or a take-over), on the same connection.
-    OwnConnection { queued: u32 },
+    /// A release by this client (a local hand-over or a take-over), on the same connection;
+    /// `quiet`: as in [`Successor::HandedOver`].
+    OwnConnection {
+        queued: u32,
+        quiet: Option<Duration>,
+    },
     /// A release by another client (a grant to the queue).
     OtherClient { queued: u32 },
 }
@@ -567,7 +593,7 @@ impl Source {
     fn queued(self) -> u32 {
         match self {
             Source::OwnScript => 0,
-            Source::OwnConnection { queued } | Source::OtherClient { queued } => queued,
+            Source::OwnConnection { queued, .. } | Source::OtherClient { queued } => queued,
         }
     }
 }
@@ -611,13 +637,28 @@ async fn take_up(
         core.contention.contended(driver.keys().id());
     }
     // The deadline counts from `acquired_at`, an instant known to precede the grant. The
-    // local hand-over window (`crate::engine::cohort`) counts from now for a grant.
-    let redis = matches!(source, Source::OtherClient { .. }).then(|| RedisHold {
-        owner: owner.clone(),
-        token,
-        written_at: Instant::now(),
-        queued: source.queued(),
-    });
+    // local hand-over window (`crate::engine::cohort`) counts from now for a grant, and may
+    // last until a release of this client said the queue's first waiter is due.
+    let redis = match source {
+        Source::OtherClient { queued } => Some(RedisHold {
+            owner: owner.clone(),
+            token,
+            written_at: Instant::now(),
+            queued,
+            quiet_until: None,
+        }),
+        Source::OwnConnection {
+            queued,
+            quiet: Some(quiet),
+        } => Some(RedisHold {
+            owner: owner.clone(),
+            token,
+            written_at: acquired_at,
+            queued,
+            quiet_until: Some(acquired_at + quiet),
+        }),
+        Source::OwnConnection { quiet: None, .. } | Source::OwnScript => None,
+    };
     let hold = core.holds.adopt(
         driver.clone(),
         owner,

@@ -26,7 +26,10 @@
 //!   its grant arrived (see
 //!   [`Config::local_handover`](crate::Config::local_handover)): the next one is a release
 //!   script, which grants the lock to the Redis queue when its first waiter is due. The
-//!   window is short when waiters of other processes were queued, so the queue moves.
+//!   window is short when waiters of other processes were queued, so the queue moves. When
+//!   the release script that wrote the hold found nobody due, it said when the first waiter
+//!   will be ([`crate::lease::RedisHold::quiet_until`]): until then a script could only hand
+//!   the hold back to this client, so hand-overs go on without one.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -72,13 +75,16 @@ pub(crate) fn hand_over(
     let left = hold.deadline().saturating_duration_since(now);
     let lasts = left.min(initial);
     let least = initial.min(config.waiter_lease) / 2;
-    if now >= hold.redis.written_at + window || left < DEFER_MIN_LEFT || lasts < least {
+    let open = now < hold.redis.written_at + window
+        || hold.redis.quiet_until.is_some_and(|until| now < until);
+    if !open || left < DEFER_MIN_LEFT || lasts < least {
         return None;
     }
     Some(HandedOver {
         token: next_token(hold),
         at: now,
         queued: hold.redis.queued,
+        quiet: None,
         within: Some((lasts, hold.redis.clone())),
     })
 }

@@ -18,6 +18,9 @@
 //!   that ask for them;
 //! * [`cohort`](mod@cohort): hand-overs within the process without a call (the barging
 //!   mutex and the read-write lock's writers, for acquisitions of handles without an owner);
+//! * `envoy`: one waiting task per process asks Redis for a barging lock held elsewhere and
+//!   queues there; the others wait behind it, so that the lock passes among them without a
+//!   call once it reaches the process;
 //! * [`contention`]: which locks the client has seen contended lately, which picks between an
 //!   exclusive lock's fast and full scripts.
 //!
@@ -27,6 +30,7 @@
 pub(crate) mod acquire;
 mod cohort;
 pub(crate) mod contention;
+mod envoy;
 mod parked;
 pub(crate) mod release;
 
@@ -92,8 +96,14 @@ pub(crate) enum Successor {
     /// Nothing: no successor, the lock is still held (re-entry), or it went to the queue.
     Passed,
     /// The successor holds the lock now, with this fencing token; `queued`: waiters stay
-    /// queued in Redis behind it.
-    HandedOver { token: u64, queued: u32 },
+    /// queued in Redis behind it; `quiet`: none of them is due for a grant before this long
+    /// after the release was sent (`lua/hold_release.lua`), so the successor's client may
+    /// hand the hold on within itself until then (`cohort`).
+    HandedOver {
+        token: u64,
+        queued: u32,
+        quiet: Option<Duration>,
+    },
     /// The lock went to the queue, and the successor (a take-over) joined the queue behind
     /// the waiter granted it: like a busy attempt, the new holder's bound and token.
     Queued { ttl: Duration, token: u64 },
@@ -200,6 +210,8 @@ pub(crate) struct Core {
     pub(crate) attempt_slots: Arc<tokio::sync::Semaphore>,
     /// Which locks this client has seen contended lately (see [`contention`]).
     pub(crate) contention: contention::ContentionHints,
+    /// The waiting task of each lock that asks Redis for the process (see `envoy`).
+    pub(crate) envoys: envoy::Envoys,
 }
 
 impl Core {
@@ -215,6 +227,7 @@ impl Core {
             spanning: DashMap::new(),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
             contention: contention::ContentionHints::default(),
+            envoys: envoy::Envoys::default(),
         });
         let weak = Arc::downgrade(&core);
         core.waiters.on_queued_behind(move |lock_id, token| {

@@ -259,12 +259,16 @@ pub(crate) async fn release_now(hold: &DriverHold) -> Result<Released> {
         match cohort::hand_over(hold, id, &bid.owner, bid.lease) {
             // Handed over without a call: the hold in Redis stays as it is.
             Some(handed) => {
-                let (token, queued) = (handed.token, handed.queued);
+                let (token, queued, quiet) = (handed.token, handed.queued, handed.quiet);
                 if waiter.deliver(handed) {
                     tokio::task::yield_now().await;
                     return Ok(Released::Yes {
                         remaining: 0,
-                        successor: Successor::HandedOver { token, queued },
+                        successor: Successor::HandedOver {
+                            token,
+                            queued,
+                            quiet,
+                        },
                     });
                 }
                 // The waiter went away: the hold goes back to Redis.
@@ -413,7 +417,12 @@ async fn settle_claim(
 ) {
     match outcome {
         Ok(Released::Yes {
-            successor: Successor::HandedOver { token, queued },
+            successor:
+                Successor::HandedOver {
+                    token,
+                    queued,
+                    quiet,
+                },
             ..
         }) => {
             let owner = claim.bid().1.owner.clone();
@@ -422,6 +431,7 @@ async fn settle_claim(
                 token,
                 at: sent_at,
                 queued: *queued,
+                quiet: *quiet,
                 within: None,
             };
             if claim.deliver(handed) {
@@ -443,9 +453,10 @@ async fn settle_claim(
         // on this process's hold alone) ask Redis at once; those queued there wait for their
         // grant, which an event brings, instead of asking for nothing.
         Ok(Released::Yes { remaining: 0, .. }) => {
+            // The claimed waiter too, if it is not queued: woken once, by the call below (a
+            // second wakeup after it had already asked would make it ask again).
             let queued = &driver.engine().queued;
-            let claimed_queued = queued.contains(claim.bid().0);
-            claim.cancel(!claimed_queued);
+            claim.cancel(false);
             driver
                 .engine()
                 .waiters

@@ -169,8 +169,9 @@ pub(crate) fn acquire_reply(ctx: &Context, script: &Script, reply: &[i64]) -> Re
 }
 
 /// Decodes `{1, left}` / `{0, 0}` / `{-1, 0}` (every release script, see `lua/lib/hold.lua`),
-/// and the barging mutex's `{1, 0, token, queued}` (handed to a task of this process) and
-/// `{2, ttl, token}` (the successor queued behind a grant).
+/// and the barging mutex's `{1, 0, token, queued}` and `{1, 0, token, queued, quiet ms}`
+/// (handed to a task of this process) and `{2, ttl, token}` (the successor queued behind a
+/// grant).
 pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> {
     match *reply {
         [1, remaining] => Ok(Released::Yes {
@@ -182,6 +183,15 @@ pub(crate) fn release_reply(script: &Script, reply: &[i64]) -> Result<Released> 
             successor: Successor::HandedOver {
                 token: token.max(0) as u64,
                 queued: u32::try_from(queued.max(0)).unwrap_or(u32::MAX),
+                quiet: None,
+            },
+        }),
+        [1, _, token, queued, quiet] => Ok(Released::Yes {
+            remaining: 0,
+            successor: Successor::HandedOver {
+                token: token.max(0) as u64,
+                queued: u32::try_from(queued.max(0)).unwrap_or(u32::MAX),
+                quiet: Some(clamp_ttl(quiet, MAX_DURATION)),
             },
         }),
         [2, ttl, token] => Ok(Released::Yes {

@@ -39,7 +39,9 @@ use crate::scripts::{Key, ScriptArgs, ScriptKeys, SCRIPTS};
 /// lock goes to whoever asks first (nobody is queued while it is free). Within the bound,
 /// hand-overs inside a process trade fairness for throughput, as `parking_lot`'s eventual
 /// fairness does; past it the queue decides, every other hold, and every hold past twice the
-/// bound, so waits settle near twice the bound under a full load.
+/// bound, so waits settle near twice the bound under a full load. Of the tasks of one process
+/// that wait (handles without an owner), one queues in Redis for all of them; the others wait
+/// in the process and get the lock from it there.
 ///
 /// A fair lock and a barging lock with the same name are different locks.
 ///

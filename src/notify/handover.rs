@@ -56,6 +56,9 @@ pub(crate) struct HandedOver {
     pub(crate) at: tokio::time::Instant,
     /// About how many waiters stayed queued in Redis behind the hand-over (0: none).
     pub(crate) queued: u32,
+    /// None of them is due for a grant before this long after `at` (see
+    /// `crate::engine::Successor::HandedOver`); None: unknown.
+    pub(crate) quiet: Option<Duration>,
     /// Handed over without a call (`crate::engine::cohort`): how long the hold lasts from
     /// `at`, and the hold in Redis it stands on. None: a release script wrote the hold in the
     /// waiter's name, for its full lease.
@@ -299,6 +302,7 @@ mod tests {
     fn handed() -> HandedOver {
         HandedOver {
             queued: 0,
+            quiet: None,
             token: 7,
             at: tokio::time::Instant::now(),
             within: None,

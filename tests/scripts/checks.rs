@@ -363,7 +363,7 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
     let handed = release_on(Y, "e", te, "e-release", ("h", "wh"));
     assert_eq!(
         (handed.len(), handed[0], handed[1], handed[3]),
-        (4, 1, 0, 2),
+        (5, 1, 0, 2),
         "{handed:?}"
     );
     assert!(handed[2] > te, "h's token {} after {te}", handed[2]);

@@ -555,8 +555,9 @@ fn releases_resent_after_others_took_the_lock_are_answered_released() {
 
 /// The hand-over (`lua/hold_release.lua`): a release that frees the lock takes it for a named
 /// successor (token max(f + 1, clock), its lease, its waiter id as r and g, its own queue line
-/// removed, the other lines untouched) and replies {1, 0, token, queued} (queued: 1 while
-/// waiters stay in the queue); the successor's re-check is answered without a second level; a
+/// removed, the other lines untouched) and replies {1, 0, token, queued, quiet} (queued: 1
+/// while waiters stay in the queue; quiet: ms until the first of them other than the
+/// successor has waited the limit, a re-sent release omits it); the successor's re-check is answered without a second level; a
 /// re-sent release still reports the hand-over (or only "released" when it names another
 /// successor). No count caps hand-overs in a row: only time does. Once the queue's head (a
 /// waiter other than the successor) has waited the limit (ARGV[12], ms) or more since it
@@ -592,9 +593,12 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     let handed = lua.hand_over("a", t, "a-release", ("b", "wb"));
     assert_eq!(
         (handed.len(), handed[0], handed[1], handed[3]),
-        (4, 1, 0, 2),
+        (5, 1, 0, 2),
         "{handed:?}"
     );
+    // Nobody queued was due: the reply says when the first waiter other than wb (wc, queued
+    // just now) will be, about the limit from now.
+    assert_quiet(&handed, LIMIT);
     let tb = handed[2];
     assert_drawn(tb, t, clock, "b's hand-over");
     let b_holds = HoldHash {
@@ -667,10 +671,10 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     // here on are exactly one above the last.
     lua.set_since("wc", lua.clock().div_euclid(1000) - LIMIT / 2);
     let tb = lua.push_ahead();
-    assert_eq!(
-        lua.hand_over("b", tb, "b-release", ("d", "wd")),
-        vec![1, 0, tb + 1, 2]
-    );
+    // The reply says wc is due in about half the limit.
+    let handed = lua.hand_over("b", tb, "b-release", ("d", "wd"));
+    assert_eq!(handed[..4], [1, 0, tb + 1, 2], "{handed:?}");
+    assert_quiet(&handed, LIMIT / 2);
     lua.assert_hold(
         &HoldHash {
             x: "b-release,a-release".to_owned(),
@@ -681,10 +685,9 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
         "d's hand-over",
     );
     // A third in a row, to f (no count caps them).
-    assert_eq!(
-        lua.hand_over("d", tb + 1, "d-release", ("f", "wf")),
-        vec![1, 0, tb + 2, 2]
-    );
+    let handed = lua.hand_over("d", tb + 1, "d-release", ("f", "wf"));
+    assert_eq!(handed[..4], [1, 0, tb + 2, 2], "{handed:?}");
+    assert_quiet(&handed, LIMIT / 2);
     lua.assert_hold(
         &HoldHash {
             x: "d-release,b-release,a-release".to_owned(),
@@ -1211,4 +1214,16 @@ fn the_first_waiter_behind_a_hold_tells_its_holders_client_once() {
         "the handed hold's notice names its own token"
     );
     lua.assert_no_stray_keys();
+}
+
+/// A hand-over reply `{1, 0, token, queued, quiet}` whose quiet ms (when the queue's first
+/// waiter other than the successor will be due) is `expected`, less what the test's own calls
+/// took (at most 5 s on a loaded machine).
+fn assert_quiet(reply: &[i64], expected: i64) {
+    assert_eq!(reply.len(), 5, "no quiet ms in {reply:?}");
+    assert!(
+        reply[4] > expected - 5_000 && reply[4] <= expected,
+        "quiet ms {} against about {expected}: {reply:?}",
+        reply[4]
+    );
 }
