@@ -717,6 +717,64 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
     }
 }
 
+/// Of two tasks of one process waiting for a lock another client holds, only the first (the
+/// envoy) queues in Redis; when it goes away (cancelled), the other is woken, queues in its
+/// place without waiting for the holder's lease (120 s, past the test's hang bound), and gets
+/// the lock when the holder releases it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envoy_that_leaves_wakes_the_next_local_waiter_to_queue() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let test = "envoyleaves";
+        let long = |config: &mut Config| {
+            config.watchdog_lease = Duration::from_secs(120);
+            config.waiter_lease = Duration::from_secs(120);
+        };
+        let mut config_a = config(&server, test, mode);
+        long(&mut config_a);
+        let mut config_b = config(&server, test, mode);
+        long(&mut config_b);
+        let (a, b) = (connect(config_a).await, connect(config_b).await);
+        let b_guard = bounded("B locks", b.mutex(NAME).unwrap().lock())
+            .await
+            .unwrap();
+        let hold_key = find_hold(&server, &prefix(test, mode), "mutex", NAME).expect("the hold");
+        let envoy = queue_lock(&server, &hold_key, a.mutex(NAME).unwrap(), 1).await;
+        let envoy_member = queued_waiters(&server, &hold_key);
+        let attempts = a.stats().attempts;
+        let other = {
+            let mutex = a.mutex(NAME).unwrap();
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        eventually("both wait", || a.stats().waiting == 2).await;
+        assert_eq!(a.stats().attempts, attempts, "{mode:?}: no call of its own");
+        assert_eq!(
+            queued_waiters(&server, &hold_key),
+            envoy_member,
+            "{mode:?}: only the envoy queues"
+        );
+
+        envoy.abort();
+        assert!(envoy.await.is_err_and(|e| e.is_cancelled()), "{mode:?}");
+        eventually_async("the other task queues in the envoy's place", || async {
+            let queue = queued_waiters(&server, &hold_key);
+            queue.len() == 1 && queue != envoy_member
+        })
+        .await;
+        assert!(!other.is_finished(), "{mode:?}: B still holds the lock");
+
+        let b_token = b_guard.fencing_token();
+        b_guard.unlock().await.unwrap();
+        let guard = joined("the other task gets the lock", other).await.unwrap();
+        assert!(guard.fencing_token() > b_token, "{mode:?}");
+        guard.unlock().await.unwrap();
+        assert!(queued_waiters(&server, &hold_key).is_empty(), "{mode:?}");
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
 /// Client A, whose handles hand the lock on within the process (with a window a loaded machine
 /// does not outlast; `adjust` changes more of its configuration), and client B, on one server.
 async fn clients_within(
