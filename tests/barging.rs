@@ -720,54 +720,62 @@ async fn local_waiters_ask_redis_when_the_queue_gets_the_lock() {
 /// Of two tasks of one process waiting for a lock another client holds, only the first (the
 /// envoy) queues in Redis; when it goes away (cancelled), the other is woken, queues in its
 /// place without waiting for the holder's lease (120 s, past the test's hang bound), and gets
-/// the lock when the holder releases it.
+/// the lock in its turn. A task with an owner, queued in Redis for itself ahead of both, is
+/// no envoy and does not take the wakeup meant for the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_envoy_that_leaves_wakes_the_next_local_waiter_to_queue() {
     init_tracing();
     let server = RedisServer::start();
     for mode in MODES {
         let test = "envoyleaves";
-        let long = |config: &mut Config| {
+        let long = |mut config: Config| {
             config.watchdog_lease = Duration::from_secs(120);
             config.waiter_lease = Duration::from_secs(120);
+            config
         };
-        let mut config_a = config(&server, test, mode);
-        long(&mut config_a);
-        let mut config_b = config(&server, test, mode);
-        long(&mut config_b);
-        let (a, b) = (connect(config_a).await, connect(config_b).await);
+        let a = connect(long(config(&server, test, mode))).await;
+        let b = connect(long(config(&server, test, mode))).await;
         let b_guard = bounded("B locks", b.mutex(NAME).unwrap().lock())
             .await
             .unwrap();
         let hold_key = find_hold(&server, &prefix(test, mode), "mutex", NAME).expect("the hold");
-        let envoy = queue_lock(&server, &hold_key, a.mutex(NAME).unwrap(), 1).await;
-        let envoy_member = queued_waiters(&server, &hold_key);
+        let owner = Owner::new();
+        let owned_mutex = a.mutex(NAME).unwrap().with_owner(&owner);
+        let owned = queue_lock(&server, &hold_key, owned_mutex, 1).await;
+        let envoy = queue_lock(&server, &hold_key, a.mutex(NAME).unwrap(), 2).await;
+        let queue_before = queued_waiters(&server, &hold_key);
         let attempts = a.stats().attempts;
         let other = {
             let mutex = a.mutex(NAME).unwrap();
             tokio::spawn(async move { mutex.lock().await })
         };
-        eventually("both wait", || a.stats().waiting == 2).await;
+        eventually("all three wait", || a.stats().waiting == 3).await;
         assert_eq!(a.stats().attempts, attempts, "{mode:?}: no call of its own");
         assert_eq!(
             queued_waiters(&server, &hold_key),
-            envoy_member,
-            "{mode:?}: only the envoy queues"
+            queue_before,
+            "{mode:?}: one envoy queues"
         );
 
         envoy.abort();
         assert!(envoy.await.is_err_and(|e| e.is_cancelled()), "{mode:?}");
         eventually_async("the other task queues in the envoy's place", || async {
             let queue = queued_waiters(&server, &hold_key);
-            queue.len() == 1 && queue != envoy_member
+            queue.len() == 2 && queue[0] == queue_before[0] && queue[1] != queue_before[1]
         })
         .await;
         assert!(!other.is_finished(), "{mode:?}: B still holds the lock");
 
         let b_token = b_guard.fencing_token();
         b_guard.unlock().await.unwrap();
+        let owned_guard = joined("the owned task gets the lock first", owned)
+            .await
+            .unwrap();
+        assert!(owned_guard.fencing_token() > b_token, "{mode:?}");
+        let owned_token = owned_guard.fencing_token();
+        owned_guard.unlock().await.unwrap();
         let guard = joined("the other task gets the lock", other).await.unwrap();
-        assert!(guard.fencing_token() > b_token, "{mode:?}");
+        assert!(guard.fencing_token() > owned_token, "{mode:?}");
         guard.unlock().await.unwrap();
         assert!(queued_waiters(&server, &hold_key).is_empty(), "{mode:?}");
         shutdown(&a).await;

@@ -300,7 +300,6 @@ fn acquire_loop(
                 .await;
                 match attempt {
                     Ok(Attempt::Acquired { token, lasts }) => {
-                        envoy.arrived();
                         let lasts = lasts.unwrap_or(lease.initial());
                         if let Some(registration) = registration.as_ref() {
                             registration.taken();
@@ -314,7 +313,7 @@ fn acquire_loop(
                             Source::OwnScript,
                             &mut queued,
                         );
-                        return Box::pin(hold).await.map(Some);
+                        return envoy.settled(Box::pin(hold).await.map(Some));
                     }
                     Ok(Attempt::Busy { ttl, token }) => {
                         retry.reset();
@@ -414,16 +413,14 @@ fn acquire_loop(
                     })
                 };
                 if let Some(adopted) = adopted {
-                    envoy.arrived();
-                    return adopted.await;
+                    return envoy.settled(adopted.await);
                 }
                 given
             };
             if let Some((token, timing, source, counter)) = given {
-                envoy.arrived();
                 counter.fetch_add(1, Ordering::Relaxed);
                 let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-                return Box::pin(hold).await.map(Some);
+                return envoy.settled(Box::pin(hold).await.map(Some));
             }
             tracing::trace!(woken, "re-checking");
             driver.engine().ctx.check_open()?;

@@ -13,12 +13,13 @@
 //! * **Who.** Waiting acquisitions of handles without an [`Owner`](crate::Owner), the ones a
 //!   hand-over without a call may serve. An acquisition with an owner asks Redis itself: it
 //!   may re-enter a hold of its owner that another task of the process holds.
-//! * **Waiting behind the envoy.** At most until the holder's lease, as the envoy last heard
-//!   it, would end, or the caller's patience: then the task asks Redis itself. The envoy's
+//! * **Waiting behind the envoy.** At most a second past the end of the holder's lease as
+//!   the envoy last heard of it, or the caller's patience: then the task asks Redis itself. The envoy's
 //!   grant brings the lock to this process, and its release hands it on to the next task or
 //!   wakes the tasks to ask.
-//! * **The envoy leaves** (timeout, cancellation, error): it gives up its place, and the first
-//!   local waiter not already woken is woken to become the next envoy.
+//! * **The envoy leaves** (timeout, cancellation, error, or a hold it could not take up): it
+//!   gives up its place and wakes the local waiters that have none in the Redis queue; the
+//!   first of them to ask becomes the next envoy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +28,11 @@ use dashmap::DashMap;
 use tokio::time::Instant;
 
 use super::Driver;
-use crate::notify::WakeRule;
+use crate::error::Result;
+
+/// How long past the envoy's holder bound the tasks behind it wait before they ask Redis
+/// themselves (a fallback: the envoy's own attempt or its departure comes first).
+const BOUND_GRACE: Duration = Duration::from_secs(1);
 
 /// The envoys of this client, by lock id: the waiter id of the acquisition that asks Redis
 /// for the lock, and until when the holder it last heard of may keep it (None: its first
@@ -40,7 +45,11 @@ pub(crate) struct Envoys {
 impl Envoys {
     /// Makes `waiter` the envoy of `lock_id` if nobody is: Ok when it is now (or was),
     /// Err with the current envoy's holder bound otherwise.
-    fn claim(&self, lock_id: &Arc<str>, waiter: &Arc<str>) -> Result<(), Option<Instant>> {
+    fn claim(
+        &self,
+        lock_id: &Arc<str>,
+        waiter: &Arc<str>,
+    ) -> std::result::Result<(), Option<Instant>> {
         let entry = self
             .slots
             .entry(lock_id.clone())
@@ -117,8 +126,10 @@ impl<'a> EnvoyTurn<'a> {
                 None
             }
             Err(until) => {
+                // A grace past the envoy's bound: the envoy asks again only a ttl after its
+                // reply arrived, a little after the bound it heard.
                 let bound = until.map_or(fallback, |until| {
-                    until.saturating_duration_since(Instant::now())
+                    (until + BOUND_GRACE).saturating_duration_since(Instant::now())
                 });
                 patience_left(bound).filter(|limit| !limit.is_zero())
             }
@@ -143,10 +154,13 @@ impl<'a> EnvoyTurn<'a> {
         }
     }
 
-    /// The lock came to this process for this acquisition: its release hands it on to the
-    /// local waiters or wakes them, so leaving wakes nobody.
-    pub(super) fn arrived(&mut self) {
-        self.arrived = true;
+    /// The acquisition's outcome, passed through: when it holds the lock, the lock came to
+    /// this process, and its release hands it on to the local waiters or wakes them, so
+    /// leaving wakes nobody. (A hold that could not be taken up, say for want of replica
+    /// acknowledgements, was released without a word to them: leaving wakes them.)
+    pub(super) fn settled<T>(&mut self, outcome: Result<Option<T>>) -> Result<Option<T>> {
+        self.arrived = matches!(outcome, Ok(Some(_)));
+        outcome
     }
 }
 
@@ -159,11 +173,17 @@ impl Drop for EnvoyTurn<'_> {
         let lock_id = self.driver.keys().id();
         engine.envoys.leave(lock_id, self.waiter);
         if !self.arrived {
+            // Every local waiter without a place in the Redis queue: the first of them that
+            // may be an envoy takes the place (the first idle one may be a reader of a
+            // read-write lock, or a task with an owner, which asks for itself alone).
             tracing::trace!(
                 lock = self.driver.keys().name(),
-                "envoy left; waking the next"
+                "envoy left; waking the others"
             );
-            engine.waiters.dispatch(lock_id, &WakeRule::One);
+            let queued = &engine.queued;
+            engine
+                .waiters
+                .wake_unqueued(lock_id, |id| queued.contains(id));
         }
     }
 }
