@@ -705,3 +705,111 @@ async fn a_release_hands_the_lock_to_a_waiting_task_of_the_same_client() {
         locks.shutdown().await.unwrap();
     }
 }
+
+/// A burst of grants into one client's inbox while its reader is stalled (the only thread of
+/// its runtime blocked): more arrive than an inbox keeps (`MAXLEN ~ 100`), so Redis trims some
+/// unread. The reader's next read returns a full inbox, and it wakes every waiter, whose next
+/// attempt finds its grant: all acquire without waiting for the holder's lease or the
+/// heartbeat (120 s and 40 s here, past the test's hang bound). Stream mode only (Pub/Sub
+/// keeps no inbox).
+#[test]
+fn grants_trimmed_unread_from_a_full_inbox_still_reach_their_waiters() {
+    // Redis trims a capped stream by whole nodes of 100 entries, and only while at least 100
+    // stay: 250 grants lose about 100 of them.
+    const WAITERS: usize = 250;
+    init_tracing();
+    let server = RedisServer::start();
+    let mode = NotificationMode::Stream;
+    let long = |mut config: Config| {
+        config.watchdog_lease = Duration::from_secs(120);
+        config.waiter_lease = Duration::from_secs(120);
+        config
+    };
+    let names: Vec<String> = (0..WAITERS).map(|i| format!("burst-{i}")).collect();
+    let holder_runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let holder = holder_runtime.block_on(connect(long(config(&server, mode, "trimmed"))));
+    let guards = holder_runtime.block_on(async {
+        let mut guards = Vec::new();
+        for name in &names {
+            guards.push(holder.mutex(name).unwrap().lock().await.unwrap());
+        }
+        guards
+    });
+
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let (stall_tx, stall_rx) = std::sync::mpsc::channel::<()>();
+    let (stalled_tx, stalled_rx) = std::sync::mpsc::channel::<()>();
+    let (resume_tx, resume_rx) = std::sync::mpsc::channel::<()>();
+    let waiting_config = long(config(&server, mode, "trimmed"));
+    let waiting_names = names.clone();
+    let waiting = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let client = connect(waiting_config).await;
+            let tasks: Vec<_> = waiting_names
+                .iter()
+                .map(|name| {
+                    let mutex = client.mutex(name).unwrap();
+                    tokio::spawn(async move {
+                        let guard = mutex.lock().await?;
+                        guard.unlock().await
+                    })
+                })
+                .collect();
+            support::eventually("all wait", || client.stats().waiting == WAITERS).await;
+            ready_tx.send(()).unwrap();
+            // Running until every waiter is queued in Redis (checked by the test's thread).
+            support::eventually("told to stall", || stall_rx.try_recv().is_ok()).await;
+            // The stall: this runtime's one thread blocks, the reader with it.
+            stalled_tx.send(()).unwrap();
+            resume_rx.recv().unwrap();
+            for task in tasks {
+                support::bounded("a waiter acquires", task)
+                    .await
+                    .unwrap()
+                    .unwrap();
+            }
+            client.shutdown().await.unwrap();
+        })
+    });
+
+    ready_rx.recv().unwrap();
+    let prefix = format!("trimmed-{}", mode.as_str());
+    let holds: Vec<String> = names
+        .iter()
+        .map(|name| find_hold(&server, &prefix, "mutex", name).expect("the hold"))
+        .collect();
+    let queued_everywhere = |queued: bool| {
+        let deadline = std::time::Instant::now() + HANG;
+        for hold in &holds {
+            while queued_waiters(&server, hold).is_empty() == queued {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{hold}: queued is not {queued}"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    };
+    queued_everywhere(true);
+    stall_tx.send(()).unwrap();
+    stalled_rx.recv().unwrap();
+    holder_runtime.block_on(async {
+        for guard in guards {
+            guard.unlock().await.unwrap();
+        }
+    });
+    // Every release granted its lock (a contended release may be sent after `unlock()`
+    // returns): all the grant events are in the inbox, or trimmed from it.
+    queued_everywhere(false);
+    resume_tx.send(()).unwrap();
+    waiting.join().expect("every waiter acquires");
+    holder_runtime.block_on(holder.shutdown()).unwrap();
+}

@@ -6,6 +6,8 @@
 //! always passes the last ID it saw, so it never skips an entry that exists, across any number
 //! of reconnects. An inbox is capped (`MAXLEN ~ 100`); a grant trimmed before the reader read
 //! it still holds in Redis, and its waiter's next attempt is answered that the lock is its own.
+//! A read that returns as many entries as the cap may have missed some: every waiter then asks
+//! at once ([`INBOX_CAP`]).
 //!
 //! An inbox is also the client's sign of life: a release grants the lock only to waiters whose
 //! client's inbox exists. So the reader creates its inboxes before the client is returned, and
@@ -26,6 +28,18 @@ use super::{backoff, Reader};
 use crate::error::{Error, Result};
 
 const BATCH: u64 = 512;
+
+/// The cap of an inbox (`MAXLEN ~ 100` in `lua/lib/notify.lua`). Redis trims a capped stream
+/// by whole nodes and never below the cap, so the entries it keeps are newer than any it
+/// trimmed: if an entry the reader had not read was trimmed, every entry left is unread, and
+/// the next read returns at least this many. A read that returns fewer lost nothing.
+const INBOX_CAP: usize = 100;
+
+/// Whether a read that returned `entries` entries of one inbox may have missed some that were
+/// trimmed before it (see [`INBOX_CAP`]).
+fn may_have_lost_entries(entries: usize) -> bool {
+    entries >= INBOX_CAP
+}
 
 /// How long an inbox outlives the last refresh by its reader, which refreshes it every third
 /// of this: the time after which the waiters of a client that died without leaving its queues
@@ -112,11 +126,12 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
         match reply {
             Ok(value) => {
                 failures = 0;
-                let mut malformed = false;
+                let (mut malformed, mut trimmed) = (false, false);
                 for (key, entries) in streams(value) {
                     let Some(&slot) = position.get(&key) else {
                         continue;
                     };
+                    trimmed |= may_have_lost_entries(entries.len());
                     for (id, event) in entries {
                         ids[slot] = id;
                         match event {
@@ -128,6 +143,13 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                 if malformed {
                     tracing::warn!("malformed inbox entry: every waiter re-checks");
                     reader.waiters.wake_all("malformed event");
+                } else if trimmed {
+                    // A burst filled an inbox to its cap between two reads: events may have
+                    // been trimmed unread. Their grants still hold in Redis, and each waiter's
+                    // next attempt finds its own; without this it would wait for its bound.
+                    reader
+                        .waiters
+                        .wake_all("inbox full: events may have been trimmed");
                 }
                 // Let the waiters just woken run before the next read: sending it wakes fred's
                 // connection task, which the scheduler would otherwise run first (a woken task
@@ -214,6 +236,25 @@ fn entry(value: Value) -> Option<Entry> {
 mod tests {
     use super::*;
     use crate::notify::event::{Granted, WakeRule};
+
+    #[test]
+    fn a_read_that_fills_the_cap_may_have_missed_trimmed_entries() {
+        assert!(!may_have_lost_entries(0));
+        assert!(!may_have_lost_entries(INBOX_CAP - 1));
+        assert!(may_have_lost_entries(INBOX_CAP));
+        assert!(may_have_lost_entries(BATCH as usize));
+    }
+
+    #[test]
+    fn the_cap_is_the_one_the_scripts_apply() {
+        let notify = include_str!("../../lua/lib/notify.lua");
+        let cap = format!("'MAXLEN', '~', '{INBOX_CAP}'");
+        assert_eq!(
+            notify.matches(&cap).count(),
+            2,
+            "{cap} in lua/lib/notify.lua"
+        );
+    }
 
     fn fields(pairs: &[&str]) -> Value {
         Value::Array(pairs.iter().map(|s| Value::from(*s)).collect())
