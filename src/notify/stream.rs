@@ -6,7 +6,8 @@
 //! always passes the last ID it saw, so it never skips an entry that exists, across any number
 //! of reconnects. An inbox is capped (`MAXLEN ~ 100`); a grant trimmed before the reader read
 //! it still holds in Redis, and its waiter's next attempt is answered that the lock is its own.
-//! A read that returns as many entries as the cap may have missed some: every waiter then asks
+//! A read that returns as many entries as the cap may have missed some: the reader reads on
+//! without blocking, and once a read comes back short (the burst is over), every waiter asks
 //! at once ([`INBOX_CAP`]).
 //!
 //! An inbox is also the client's sign of life: a release grants the lock only to waiters whose
@@ -106,6 +107,8 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
     let client = reader.client.with_options(&options);
     let mut inboxes_kept = tokio::time::Instant::now();
     let mut failures = 0u32;
+    // A read came back full (see `INBOX_CAP`): every waiter is woken once the burst is over.
+    let mut missed = false;
     loop {
         if inboxes_kept.elapsed() >= INBOX_TTL / 3 {
             match keep_inboxes(&reader.client, &keys).await {
@@ -113,12 +116,9 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                 Err(error) => tracing::warn!(%error, "could not refresh the inboxes"),
             }
         }
-        let read = client.xread::<Value, _, _>(
-            Some(BATCH),
-            Some(block.as_millis() as u64),
-            keys.clone(),
-            ids.clone(),
-        );
+        // After a full read, read on without blocking until a read comes back short.
+        let block_ms = (!missed).then_some(block.as_millis() as u64);
+        let read = client.xread::<Value, _, _>(Some(BATCH), block_ms, keys.clone(), ids.clone());
         let reply = tokio::select! {
             reply = read => reply,
             _ = reader.shutdown.changed() => return,
@@ -126,12 +126,12 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
         match reply {
             Ok(value) => {
                 failures = 0;
-                let (mut malformed, mut trimmed) = (false, false);
+                let (mut malformed, mut full) = (false, false);
                 for (key, entries) in streams(value) {
                     let Some(&slot) = position.get(&key) else {
                         continue;
                     };
-                    trimmed |= may_have_lost_entries(entries.len());
+                    full |= may_have_lost_entries(entries.len());
                     for (id, event) in entries {
                         ids[slot] = id;
                         match event {
@@ -143,14 +143,17 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                 if malformed {
                     tracing::warn!("malformed inbox entry: every waiter re-checks");
                     reader.waiters.wake_all("malformed event");
-                } else if trimmed {
-                    // A burst filled an inbox to its cap between two reads: events may have
-                    // been trimmed unread. Their grants still hold in Redis, and each waiter's
-                    // next attempt finds its own; without this it would wait for its bound.
+                } else if missed && !full {
+                    // A burst filled an inbox to its cap between two reads, so events may have
+                    // been trimmed unread; it is over now. Their grants still hold in Redis, and
+                    // each waiter's next attempt finds its own: woken once for the whole burst
+                    // (not at every full read, which would make the waiters not yet granted
+                    // ask again and again), instead of sleeping until its bound.
                     reader
                         .waiters
-                        .wake_all("inbox full: events may have been trimmed");
+                        .wake_all("inbox was full: events may have been trimmed");
                 }
+                missed = full || (missed && malformed);
                 // Let the waiters just woken run before the next read: sending it wakes fred's
                 // connection task, which the scheduler would otherwise run first (a woken task
                 // takes the worker's next slot), delaying every hand-off by one socket write.
@@ -161,6 +164,7 @@ async fn run(mut reader: Reader, keys: Vec<String>, mut ids: Vec<String>) {
                 failures += 1;
                 tracing::warn!(%error, failures, "stream read failed; waiters re-check");
                 reader.waiters.wake_all("stream read error");
+                missed = false;
                 let pause = backoff(failures, reader.config.reconnect_max_delay);
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
