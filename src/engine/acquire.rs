@@ -213,8 +213,8 @@ fn acquire_loop(
             driver: &driver,
         };
         let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
-        // Declared after the registration: dropped first, its wakeup of the next waiter is
-        // passed on if it lands on this one (`Registration`'s drop).
+        // Declared after the registration: dropped first, so a wakeup it sends the local
+        // waiters when it leaves is passed on if it lands on this one (`Registration`'s drop).
         let envoy_eligible =
             registration.is_some() && driver.handover().is_some() && owner.is_anonymous();
         let mut envoy = EnvoyTurn::new(&driver, &waiter, envoy_eligible);
@@ -279,12 +279,9 @@ fn acquire_loop(
         }
 
         loop {
-            let fallback = driver.engine().ctx.config.watchdog_lease;
             let limit = if let Some(limit) = first_wait.take() {
                 limit
-            } else if let Some(limit) =
-                envoy.wait_behind(fallback, |bound| patience.wait_limit(bound))
-            {
+            } else if let Some(limit) = envoy.wait_behind(|bound| patience.wait_limit(bound)) {
                 tracing::trace!("waiting behind this process's envoy");
                 limit
             } else {

@@ -109,11 +109,11 @@ impl<'a> EnvoyTurn<'a> {
 
     /// Before an attempt: None when this acquisition asks Redis (it is the envoy, or the rule
     /// does not apply, or the envoy's bound passed), else how long to wait behind the envoy:
-    /// at most until the holder's lease the envoy last heard of ends (`fallback` from now if
-    /// it heard nothing yet), capped by `patience_left`. A zero wait means ask.
+    /// at most a second past the end of the holder's lease the envoy last heard of (a
+    /// watchdog lease from now if it heard nothing yet), capped by `patience_left`. A zero
+    /// wait means ask.
     pub(super) fn wait_behind(
         &mut self,
-        fallback: Duration,
         patience_left: impl FnOnce(Duration) -> Option<Duration>,
     ) -> Option<Duration> {
         if !self.eligible {
@@ -128,6 +128,7 @@ impl<'a> EnvoyTurn<'a> {
             Err(until) => {
                 // A grace past the envoy's bound: the envoy asks again only a ttl after its
                 // reply arrived, a little after the bound it heard.
+                let fallback = self.driver.engine().ctx.config.watchdog_lease;
                 let bound = until.map_or(fallback, |until| {
                     (until + BOUND_GRACE).saturating_duration_since(Instant::now())
                 });
