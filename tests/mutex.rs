@@ -813,3 +813,29 @@ fn grants_trimmed_unread_from_a_full_inbox_still_reach_their_waiters() {
     waiting.join().expect("every waiter acquires");
     holder_runtime.block_on(holder.shutdown()).unwrap();
 }
+
+/// In Pub/Sub mode an event published before the notifier's `SUBSCRIBE` reaches the server is
+/// lost: a grant, or the `held` notice of a hold taken right after `connect`. So `connect`
+/// returns only once the subscription is in place, even over a link that delivers every
+/// `SUBSCRIBE` late (a proxy holds each back for half a second): the server lists one more
+/// inbox channel after each connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pubsub_client_is_subscribed_to_its_inbox_when_connect_returns() {
+    init_tracing();
+    let server = RedisServer::start();
+    let proxy = ReplyDropper::start(server.port()).await;
+    proxy.delay_subscriptions(Duration::from_millis(500));
+    let prefix = "subscribed-at-connect";
+    let pattern = format!("{{{prefix}:events}}:to:*");
+    let mut clients = Vec::new();
+    for n in 1..=3 {
+        let mut config = proxy.config(prefix);
+        config.notification = NotificationMode::PubSub;
+        clients.push(connect(config).await);
+        let channels = server.cmd(&["PUBSUB", "CHANNELS", &pattern]).as_array();
+        assert_eq!(channels.len(), n, "inbox channels after {n} connects");
+    }
+    for client in &clients {
+        support::shutdown(client).await;
+    }
+}

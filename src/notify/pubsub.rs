@@ -8,7 +8,8 @@
 //! broadcast buffer overflowed) does the same. A grant whose message is lost still holds in
 //! Redis: its waiter's next attempt is answered that the lock is its own.
 
-use fred::interfaces::{EventInterface, PubsubInterface};
+use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 
@@ -25,7 +26,29 @@ pub(crate) async fn start(reader: Reader) -> Result<JoinHandle<()>> {
     Ok(tokio::spawn(run(reader, channels, messages, reconnects)))
 }
 
+/// Subscribes, and returns once the server has applied it. fred resolves a `SUBSCRIBE` when it
+/// is written (its confirmation comes out of band), so a `PING` on the same connection follows
+/// it: the server answers the commands of one connection in order, so the reply means that the
+/// subscription is in place. Without it, an event published right after `connect` returns (a
+/// grant, or the `held` notice of a hold taken at once) could reach the server first and be
+/// lost. (fred awaits an `SSUBSCRIBE`'s own reply.)
 async fn subscribe(reader: &Reader, channels: &[String]) -> Result<()> {
+    send_subscribe(reader, channels).await?;
+    if reader.sharded_pubsub {
+        return Ok(());
+    }
+    // In a cluster, fred sends `SUBSCRIBE` to the node of its client id's slot: so does this.
+    let slot = fred::util::redis_keyslot(reader.client.id().as_bytes());
+    let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
+    reader
+        .client
+        .custom::<Value, Value>(ping, Vec::new())
+        .await
+        .map(|_| ())
+        .map_err(|err| Error::from_redis(err, "(notifier)", "PING"))
+}
+
+async fn send_subscribe(reader: &Reader, channels: &[String]) -> Result<()> {
     let map = |err| Error::from_redis(err, "(notifier)", "SUBSCRIBE");
     if reader.sharded_pubsub {
         // One SSUBSCRIBE per channel: the inboxes of different shards live in different slots.
