@@ -46,6 +46,8 @@ const ACL_CLIENT_COMMANDS: &[&str] = &[
     "xrevrange",
     "client|unblock",
     "subscribe",
+    // Pub/Sub: a reply on the subscriber connection proves its SUBSCRIBE was applied
+    "ping",
 ];
 
 /// Commands the scripts call (besides `get` and `set`), which Redis checks against the
@@ -365,6 +367,30 @@ async fn acl_user_limited_to_its_prefix_runs_every_lock_kind() {
         .filter(|k| !k.starts_with("{acl:"))
         .collect();
     assert!(outside.is_empty(), "keys outside the prefix: {outside:?}");
+}
+
+/// A user whose grants predate the notifier's `PING` (docs/design.md §10.1) still runs Pub/Sub
+/// mode: the `NOPERM` reply on the subscriber connection proves the subscription as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_ping_still_runs_pubsub_mode() {
+    if !support::requires(ACL_VERSION, ACL_WHY) {
+        return;
+    }
+    let server = RedisServer::start();
+    let args: Vec<String> = acl_setuser("older", "pw-acl", "acl")
+        .into_iter()
+        .filter(|arg| arg != "+ping")
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(server.cmd(&args), Resp::Simple("OK".into()), "{args:?}");
+    let url = format!("redis://older:pw-acl@127.0.0.1:{}", server.port());
+    let config = sharded_config(&url, "acl:older", NotificationMode::PubSub, 2);
+    let holder = connect(config.clone()).await;
+    let waiter = connect(config).await;
+    let mutex = |client: &LockClient| client.mutex("acl-older").expect("mutex");
+    mutex_handoff(&mutex(&holder), &mutex(&waiter), &waiter).await;
+    shutdown(&holder).await;
+    shutdown(&waiter).await;
 }
 
 /// The same user cannot start a client under another prefix (typed error, nothing written),
