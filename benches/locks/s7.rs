@@ -102,10 +102,20 @@ impl S7Result {
 
     /// The FIFO floor's acquisitions/s at `shape` (`crate::ring`), when it ran.
     pub fn fifo_floor_throughput(&self, shape: Shape) -> Option<f64> {
+        self.fifo_floor(shape).map(|r| r.result.acq_per_s)
+    }
+
+    /// The FIFO floor's longest wait in the window at `shape` (µs), if it ran.
+    pub fn fifo_floor_longest_wait_us(&self, shape: Shape) -> Option<f64> {
+        self.fifo_floor(shape)
+            .map(|r| r.result.longest_wait_in_window_us as f64)
+    }
+
+    /// The FIFO floor's row at `shape`, if it ran.
+    fn fifo_floor(&self, shape: Shape) -> Option<&S7Row> {
         self.rows
             .iter()
             .find(|r| r.shape == shape && r.kind == LockKind::Ring)
-            .map(|r| r.result.acq_per_s)
     }
 
     /// The best (lowest) peer Redis CPU µs per acquisition at `shape`.

@@ -307,8 +307,14 @@ fn s7_targets(s7: &S7Result) -> Vec<TargetRow> {
         ),
         (
             LockKind::Fair,
-            "FairMutex longest wait ≤ 20 ms",
-            |_, r| longest_wait(r, FAIR_LONGEST_WAIT_US),
+            "FairMutex longest wait ≤ 20 ms (FIFO floor: token ring)",
+            |s7, r| {
+                let (text, met) = longest_wait(r, FAIR_LONGEST_WAIT_US);
+                match s7.fifo_floor_longest_wait_us(r.shape) {
+                    Some(floor) => (format!("{text} (floor {:.1} ms)", floor / 1e3), met),
+                    None => (text, met),
+                }
+            },
         ),
         (
             LockKind::Fair,
