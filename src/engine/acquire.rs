@@ -212,7 +212,7 @@ fn acquire_loop(
             registration: registration.as_ref(),
             driver: &driver,
         };
-        let mut queued = QueuedInRedis::new(driver.clone(), waiter.clone());
+        let mut queued = QueuedInRedis::new(&driver, &waiter);
         // Declared after the registration: dropped first, so a wakeup it sends the local
         // waiters when it leaves is passed on if it lands on this one (`Registration`'s drop).
         let envoy_eligible =
@@ -434,7 +434,7 @@ async fn adopt_without_call(
     lease: Lease,
     handed: HandedOver,
     registration: &Registration,
-    queued: &mut QueuedInRedis,
+    queued: &mut QueuedInRedis<'_>,
 ) -> Result<Option<Arc<DriverHold>>> {
     queued.leave().await;
     // Taken only now: an acquisition dropped while it left the queue still gives the hold
@@ -601,7 +601,7 @@ async fn take_up(
     lease: Lease,
     timing: (Instant, Duration),
     source: Source,
-    queued: &mut QueuedInRedis,
+    queued: &mut QueuedInRedis<'_>,
 ) -> Result<Arc<DriverHold>> {
     queued.disarm();
     let (mut acquired_at, mut lasts) = timing;
@@ -904,14 +904,15 @@ fn start_attempt(
 /// A waiter's place in a Redis-side wait queue: watched (and, for the read-write lock, kept
 /// alive) by the client's heartbeat while the acquisition waits, and left when it ends
 /// without the lock.
-struct QueuedInRedis {
-    driver: Arc<dyn Driver>,
-    waiter: Arc<str>,
+/// Borrows the acquisition's driver and waiter id: a pending `lock()` future keeps one copy.
+struct QueuedInRedis<'a> {
+    driver: &'a Arc<dyn Driver>,
+    waiter: &'a Arc<str>,
     joined: bool,
 }
 
-impl QueuedInRedis {
-    fn new(driver: Arc<dyn Driver>, waiter: Arc<str>) -> Self {
+impl<'a> QueuedInRedis<'a> {
+    fn new(driver: &'a Arc<dyn Driver>, waiter: &'a Arc<str>) -> Self {
         QueuedInRedis {
             driver,
             waiter,
@@ -935,7 +936,7 @@ impl QueuedInRedis {
     /// The acquisition got the lock: the script already removed it from the queue.
     fn disarm(&mut self) {
         if std::mem::take(&mut self.joined) {
-            self.driver.engine().queued.leave(&self.waiter);
+            self.driver.engine().queued.leave(self.waiter);
         }
     }
 
@@ -952,12 +953,12 @@ impl QueuedInRedis {
         if !std::mem::take(&mut self.joined) {
             return None;
         }
-        self.driver.engine().queued.leave(&self.waiter);
-        abandon(&self.driver, self.waiter.clone())
+        self.driver.engine().queued.leave(self.waiter);
+        abandon(self.driver, self.waiter.clone())
     }
 }
 
-impl Drop for QueuedInRedis {
+impl Drop for QueuedInRedis<'_> {
     fn drop(&mut self) {
         let Some(leaving) = self.take_leave() else {
             return;
