@@ -904,6 +904,7 @@ fn start_attempt(
 /// A waiter's place in a Redis-side wait queue: watched (and, for the read-write lock, kept
 /// alive) by the client's heartbeat while the acquisition waits, and left when it ends
 /// without the lock.
+///
 /// Borrows the acquisition's driver and waiter id: a pending `lock()` future keeps one copy.
 struct QueuedInRedis<'a> {
     driver: &'a Arc<dyn Driver>,
