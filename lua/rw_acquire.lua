@@ -9,7 +9,7 @@
 -- holds lapsed) is first granted to them (lib/rw.lua), and the caller queues behind.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
+-- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    the shard's fence key (lib/fence.lua), read only for a lock with no hash
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
@@ -49,7 +49,7 @@
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
 --         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold or the fence
 --         key holds a foreign value.
-local hold, fence, events = KEYS[1], KEYS[3], KEYS[4]
+local hold, queue, fence, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
 local side, inbox, window, notice = ARGV[9], ARGV[10], tonumber(ARGV[11]), ARGV[12]
@@ -64,13 +64,13 @@ local writing = side == 'write'
 -- Holds that lapsed left waiters queued behind them: the queue is served first (a writer at
 -- its head is granted the lock once no read hold is left, readers at its head a read hold
 -- each), unless this acquisition is the writer at its head. It then looks again.
-local q, queue_writer = fl_rw_live(fields[7], now_ms)
+local head = fl_rw_queue_head(queue, fields, now_ms)
 
 -- A semaphore's permit count: every user must give the same while it is in use. An idle one
 -- takes the caller's; a lock with no hash gets it with its take below, which may yet be
 -- refused at the fence key (and must then leave no key behind).
 if permits and state.cap ~= permits then
-  if state.cap and (state.readers > 0 or q ~= '') then
+  if state.cap and (state.readers > 0 or head) then
     return redis.error_reply(string.format('FLPERMITS %d', state.cap))
   end
   if fields[3] then
@@ -79,25 +79,27 @@ if permits and state.cap ~= permits then
   state.cap = permits
 end
 
-if not state.writer and q ~= '' then
-  local reader_head = string.byte(q, 1) == 114
-  local own_head = fl_rw_find(q, waiter) == 1
-  if reader_head or (state.readers == 0 and not (writing and own_head)) then
-    fl_rw_grant(hold, fields[3] or '0', q, state, now_us, fields[6] or '', events, mode,
+-- Whether the queue's head is this acquisition's own place.
+local function own(place)
+  return place ~= nil and waiter ~= '' and string.sub(place, 1, #waiter + 1) == waiter .. ' '
+end
+if not state.writer and head then
+  local reader_head = string.byte(head, 1) == 114
+  if reader_head or (state.readers == 0 and not (writing and own(head))) then
+    fl_rw_grant(hold, queue, fields[3] or '0', state, now_us, fields[6] or '', events, mode,
       lock_id, nil, window)
     fields = fl_rw_read(hold)
     state = fl_rw_state(fields, now_ms, owner)
-    q, queue_writer = fl_rw_live(fields[7], now_ms)
+    head = fl_rw_head(queue)
   end
 end
--- Dead waiters dropped from the queue are a change to write, like lapsed holds.
-if q ~= (fields[7] or '') then
-  state.changed = true
-end
+-- With no write hold, the head is a writer whenever one is queued: the readers ahead of the
+-- first writer were granted above.
+local queue_writer = head ~= nil and string.byte(head, 1) == 119
 local mine = state.mine
 
 -- Answered without a change: a hold a release granted to this acquisition, a retried call.
-if waiter ~= '' and writing and state.writer and fields[8] == waiter then
+if waiter ~= '' and writing and state.writer and fields[7] == waiter then
   return {1, tonumber(fields[3]), tonumber(fields[2]), state.ends - now_ms}
 end
 if waiter ~= '' and not writing and mine and mine.waiter == waiter then
@@ -113,17 +115,24 @@ if writing and mine then
   return {-2}
 end
 
-local queue, queued = fl_rw_without(q, waiter)
+-- This acquisition's place, as its queueing call wrote it.
+local lasts = math.max(math.min(lease, waiter_lease), 0)
+local member = fl_queue_member(waiter, inbox, owner, string.format('%d', lease),
+  string.format('%d', lasts))
+local queued = fl_rw_queued(queue, waiter)
 local lease_end = now_ms + lease
 
--- Re-entry (and a downgrade): the owner's own hold grows by one level, and its queue line, if
--- it had queued meanwhile, goes.
+-- Re-entry (and a downgrade): the owner's own hold grows by one level, and its place in the
+-- queue, if it had queued meanwhile, goes.
 if writing and state.writer == owner then
   local count = tonumber(fields[2]) + 1
   state.ends = math.max(state.ends, lease_end)
   redis.call('HSET', hold, 'c', string.format('%d', count), 'r', op,
-    'e', string.format('%d', state.ends), 'q', queue, 's', fl_rw_readers(state))
+    'e', string.format('%d', state.ends), 's', fl_rw_readers(state))
   fl_rw_keep(hold, state, now_ms, window)
+  if queued then
+    fl_rw_leave(queue, waiter, member)
+  end
   return {1, tonumber(fields[3]), count}
 end
 if not writing and (mine or state.writer == owner) then
@@ -133,8 +142,11 @@ if not writing and (mine or state.writer == owner) then
     state.mine = {count = 1, token = fields[3], ends = lease_end, op = op, waiter = '-'}
     mine = state.mine
   end
-  redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state))
+  redis.call('HSET', hold, 's', fl_rw_readers(state))
   fl_rw_keep(hold, state, now_ms, window)
+  if queued then
+    fl_rw_leave(queue, waiter, member)
+  end
   return {1, tonumber(mine.token), mine.count}
 end
 
@@ -142,10 +154,10 @@ end
 -- or queued.
 local takes
 if writing then
-  takes = not state.writer and state.readers == 0 and (queue == '' or
-    fl_rw_find(q, waiter) == 1)
+  takes = not state.writer and state.readers == 0 and (not head or own(head))
 elseif state.cap then
-  takes = state.readers < state.cap and queue == ''
+  takes = state.readers < state.cap and
+    (not head or (own(head) and fl_rw_count(queue) == 1))
 else
   takes = not state.writer and not queue_writer
 end
@@ -163,11 +175,11 @@ if takes then
   if writing then
     state.writer, state.ends = owner, lease_end
     redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', token, 'l', ARGV[2], 'r', op, 'g', '',
-      'e', string.format('%d', lease_end), 'q', queue, 's', fl_rw_readers(state),
+      'e', string.format('%d', lease_end), 's', fl_rw_readers(state),
       'i', notice == '1' and inbox or '')
   else
     state.mine = {count = 1, token = token, ends = lease_end, op = op, waiter = '-'}
-    redis.call('HSET', hold, 'f', token, 'q', queue, 's', fl_rw_readers(state))
+    redis.call('HSET', hold, 'f', token, 's', fl_rw_readers(state))
     if state.cap and not fields[3] then
       -- A semaphore's first take (no hash before it): its permit count goes with it.
       redis.call('HSET', hold, 'n', string.format('%d', state.cap))
@@ -177,31 +189,30 @@ if takes then
     end
   end
   fl_rw_keep(hold, state, now_ms, window)
+  if queued then
+    fl_rw_leave(queue, waiter, member)
+  end
   return {1, token, 1}
 end
 
 -- It waits: it queues (unless it only tries), at the tail; the lapsed holds it met go.
-if waiter_lease > 0 and not queued then
-  local lasts = math.max(math.min(lease, waiter_lease), 0)
-  queue = queue .. fl_rw_queue_line(waiter, inbox, owner, lease, lasts, now_ms,
-    now_ms + waiter_lease)
-elseif queued then
-  queue = q
-end
-if queue ~= q or state.changed then
-  -- The write hold's first waiter: its holder's client hears of it if it asked to (field i),
-  -- once.
-  local told = q == '' and queue ~= '' and state.writer and redis.call('HMGET', hold, 'i')[1]
-  if told and told ~= '' then
-    fl_emit_to(events .. ':to:' .. told, mode, '0|held|' .. fields[3] .. '|' .. lock_id)
-    redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state), 'i', '')
-  else
-    redis.call('HSET', hold, 'q', queue, 's', fl_rw_readers(state))
-  end
-  if state.changed and not state.writer then
+local joins = waiter_lease > 0 and not queued
+if state.changed then
+  redis.call('HSET', hold, 's', fl_rw_readers(state))
+  if not state.writer then
     redis.call('HSET', hold, 'o', '', 'c', '0', 'e', '')
   end
   fl_rw_keep(hold, state, now_ms, window)
+end
+if joins then
+  fl_rw_join(queue, member, waiter, now_ms + waiter_lease, waiter_lease)
+  -- The write hold's first waiter: its holder's client hears of it if it asked to (field i),
+  -- once.
+  local told = not head and state.writer and redis.call('HMGET', hold, 'i')[1]
+  if told and told ~= '' then
+    redis.call('HSET', hold, 'i', '')
+    fl_emit_to(events .. ':to:' .. told, mode, '0|held|' .. fields[3] .. '|' .. lock_id)
+  end
 end
 -- It looks again (event or not) once the lock may be free for it: when the last hold ends, or
 -- on a semaphore the first.

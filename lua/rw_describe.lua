@@ -3,7 +3,7 @@
 -- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] queue    unused (the queue is in the hash)
+-- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    unused
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1..5]       unused (no call)
@@ -17,11 +17,10 @@
 --          token, ms until its lease ends}, then per listed waiter, head first: {waiter id,
 --          inbox tag, owner id, whether its client listens (fl_listening: 1, 0, -1 unknown)}};
 --         a WRONGTYPE error when the key holds a foreign value (HMGET: a typed read).
-local events, mode, limit = KEYS[4], ARGV[6], tonumber(ARGV[9])
+local queue, events, mode, limit = KEYS[2], KEYS[4], ARGV[6], tonumber(ARGV[9])
 local fields = fl_rw_read(KEYS[1])
 local now_ms = math.floor(fl_now_us() / 1000)
 local state = fl_rw_state(fields, now_ms, '')
-local q = fl_rw_live(fields[7], now_ms)
 local readers = {}
 for who, count, token, ends in string.gmatch(state.others, '(%S+) (%d+) (%d+) (%d+) %S+ %S+\n') do
   if #readers >= 4 * limit then
@@ -32,14 +31,27 @@ for who, count, token, ends in string.gmatch(state.others, '(%S+) (%d+) (%d+) (%
   readers[#readers + 1] = token
   readers[#readers + 1] = tonumber(ends) - now_ms
 end
+-- The waiters whose time passed are left out (a call that changes the lock drops them), and
+-- so is the queue of a lock whose hash is gone.
 local waiters, queued = {}, 0
-for waiter, inbox, owner in string.gmatch(q, '(%S+) (%S+) (%S+)[^\n]*\n') do
-  queued = queued + 1
-  if queued <= limit then
-    waiters[#waiters + 1] = waiter
-    waiters[#waiters + 1] = inbox
-    waiters[#waiters + 1] = owner
-    waiters[#waiters + 1] = fl_listening(events .. ':to:' .. inbox, mode)
+if fields[3] then
+  local lapsed = {}
+  for _, waiter in ipairs(fl_queue_call(queue, 'ZRANGEBYSCORE', '-inf',
+      string.format('%d', now_ms))) do
+    lapsed[waiter] = true
+  end
+  queued = fl_rw_count(queue)
+  local places = redis.call('ZRANGEBYSCORE', queue, FL_RW_PLACES, '+inf')
+  for _, place in ipairs(places) do
+    local waiter, inbox, owner = fl_queue_parse(place)
+    if waiter and lapsed[waiter] then
+      queued = queued - 1
+    elseif waiter and #waiters < 4 * limit then
+      waiters[#waiters + 1] = waiter
+      waiters[#waiters + 1] = inbox
+      waiters[#waiters + 1] = owner
+      waiters[#waiters + 1] = fl_listening(events .. ':to:' .. inbox, mode)
+    end
   end
 end
 local reply = {state.writer or '', state.writer and (tonumber(fields[2]) or 0) or 0,

@@ -3,7 +3,7 @@
 -- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
+-- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    unused (kept for the canonical order)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1..4]       unused (the call section of an acquisition, lua/README.md)
@@ -13,7 +13,7 @@
 -- Returns {1} when a hold was removed, {0} when the lock had no live hold (waiters queued
 --         behind lapsed holds are granted the lock all the same),
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
-local hold, events = KEYS[1], KEYS[4]
+local hold, queue, events = KEYS[1], KEYS[2], KEYS[4]
 local window, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
 
 local fields = fl_rw_read(hold)
@@ -21,13 +21,13 @@ local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
 local state = fl_rw_state(fields, now_ms, '')
 local removed = (state.writer or state.readers > 0) and 1 or 0
-local q = fields[7] or ''
-if removed == 0 and q == '' then
+local head = fl_rw_queue_head(queue, fields, now_ms)
+if removed == 0 and not head then
   return {0}
 end
 -- No hold is left; the queue gets its turn, also when only lapsed holds were in its way.
 state.writer, state.ends, state.others, state.last, state.readers = false, 0, '', 0, 0
 state.mine = nil
-fl_rw_settle(hold, fields[3], q, state, now_us, fields[6] or '', events, mode, lock_id, nil,
-  window)
+fl_rw_settle(hold, queue, head, fields[3], state, now_us, fields[6] or '', events, mode,
+  lock_id, nil, window)
 return {removed}

@@ -1,10 +1,10 @@
--- rw_leave.lua: a waiter of a read-write lock gives up (a timeout or a cancellation): its
--- queue line goes, and a hold a release granted it meanwhile is released (which may grant the
+-- rw_leave.lua: a waiter of a read-write lock gives up (a timeout or a cancellation): it
+-- leaves the queue, and a hold a release granted it meanwhile is released (which may grant the
 -- lock to the next in line, lib/rw.lua).
 -- Uses lib/fence.lua, lib/notify.lua, lib/hold.lua and lib/rw.lua.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
+-- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    unused (kept for the canonical order)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1..3]       unused (the call section of an acquisition, lua/README.md)
@@ -14,35 +14,36 @@
 --
 -- Returns {1} when the waiter was queued or granted a hold (now gone), {0} when it was
 -- neither; a WRONGTYPE error (and no change) when the hold key holds a foreign value.
-local hold, events = KEYS[1], KEYS[4]
+local hold, queue, events = KEYS[1], KEYS[2], KEYS[4]
 local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[8]
 
 local fields = fl_rw_read(hold)
 local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
-local q, queued = fl_rw_without(fields[7], waiter)
 local state = fl_rw_state(fields, now_ms, '')
+fl_rw_queue_head(queue, fields, now_ms)
+local queued = fl_rw_leave(queue, waiter, nil)
 
 -- A read hold granted under this waiter id (its line names the waiter in the last column).
 local granted_read
-if fields[10] then
-  local at = fl_find_word(fields[10], waiter, 32, 10)
+if fields[9] then
+  local at = fl_find_word(fields[9], waiter, 32, 10)
   if at then
     local line_start = at
-    while line_start > 1 and string.byte(fields[10], line_start - 1) ~= 10 do
+    while line_start > 1 and string.byte(fields[9], line_start - 1) ~= 10 do
       line_start = line_start - 1
     end
-    granted_read = string.match(fields[10], '^(%S+) (%d+)', line_start)
+    granted_read = string.match(fields[9], '^(%S+) (%d+)', line_start)
   end
 end
 
 local freed
-if state.writer and fields[8] == waiter then
+if state.writer and fields[7] == waiter then
   local count = tonumber(fields[2])
   if count > 1 then
     -- Another task of the same owner re-entered the grant meanwhile: it keeps the lock, one
     -- level fewer (the level that was this waiter's).
-    redis.call('HSET', hold, 'c', string.format('%d', count - 1), 'g', '', 'q', q)
+    redis.call('HSET', hold, 'c', string.format('%d', count - 1), 'g', '')
     return {1}
   end
   state.writer, state.ends = false, 0
@@ -69,5 +70,6 @@ if freed then
 end
 -- The lock may be the queue's turn now: its holder's grant went, or this waiter was the writer
 -- at the head that kept the readers behind it waiting.
-fl_rw_settle(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id, nil, window)
+fl_rw_settle(hold, queue, fl_rw_head(queue), fields[3], state, now_us, freed_by, events, mode,
+  lock_id, nil, window)
 return {1}

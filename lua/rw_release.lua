@@ -10,7 +10,7 @@
 -- call, as a busy rw_acquire would.
 --
 -- KEYS[1] hold     the lock's hash (see lib/rw.lua)
--- KEYS[2] queue    unused (the read-write lock keeps its queue in its hash)
+-- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    unused (a grant or hand-over continues the lock's token)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
 -- ARGV[1] owner    owner id
@@ -45,14 +45,14 @@
 -- Returns {1, holds left} when released (0: this side's hold is gone),
 --         {1, 0, token, queued} when the write hold was handed to the successor with this
 --           fencing token (also when this call is a retry of a release that did so); queued
---           is about how many waiters stay queued behind it (0: none),
+--           is how many waiters stay queued behind it (0: none),
 --         {2, bound ms, token} when the lock went to the queue and the successor joined the
 --           queue: the latest end of the lock's live holds and the lock's f, as in
 --           rw_acquire's busy reply (also to a retry, while the successor is queued),
 --         {0, 0} when the hold is not there (expired or released),
 --         {-1, 0} when the owner's hold carries another token (a newer hold of this owner),
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
-local hold, events = KEYS[1], KEYS[4]
+local hold, queue, events = KEYS[1], KEYS[2], KEYS[4]
 local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local mode, lock_id, side = ARGV[6], ARGV[8], ARGV[9]
 local successor, successor_waiter = ARGV[10] or '', ARGV[11] or ''
@@ -67,7 +67,7 @@ local fields = fl_rw_read(hold)
 local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
 local state = fl_rw_state(fields, now_ms, owner)
-local q = fields[7] or ''
+local head, since = fl_rw_queue_head(queue, fields, now_ms)
 
 -- The bound and token of a busy reply, for a successor that queued: the lock's f, which a
 -- grant made after it goes above.
@@ -78,8 +78,8 @@ end
 -- Once the hold is gone: the queue's turn, or the lock written as it is (lib/rw.lua). A
 -- retried write release is answered by the chain x.
 local function settle(freed_by, tail)
-  return fl_rw_settle(hold, fields[3], q, state, now_us, freed_by, events, mode, lock_id, tail,
-    window)
+  return fl_rw_settle(hold, queue, head, fields[3], state, now_us, freed_by, events, mode,
+    lock_id, tail, window)
 end
 
 if side ~= 'write' then
@@ -114,10 +114,10 @@ if fields[5] == op then
   return {1, tonumber(fields[2]) or 0}
 end
 if fl_chain_has(fields[6], op) then
-  if successor_waiter ~= '' and state.writer and fields[8] == successor_waiter then
-    return {1, 0, tonumber(fields[3]), fl_rw_queued(q)}
+  if successor_waiter ~= '' and state.writer and fields[7] == successor_waiter then
+    return {1, 0, tonumber(fields[3]), fl_rw_count(queue)}
   end
-  if successor_queues ~= '' and fl_rw_find(q, successor_waiter) then
+  if successor_queues ~= '' and fl_rw_queued(queue, successor_waiter) then
     return queued_reply()
   end
   return {1, 0}
@@ -143,15 +143,19 @@ end
 local freed_by = fl_freed_chain(op, fields[6], CHAIN)
 state.writer, state.ends = false, 0
 
--- The successor takes the write hold over, with `rest` left queued behind it.
-local function hand_over(rest)
+-- The successor takes the write hold over, and leaves the queue if it is in it (`place`: its
+-- place if known).
+local function hand_over(place)
   local next_token = fl_next_token(state.f or fields[3])
   state.writer, state.ends = successor, now_ms + successor_lease
   redis.call('HSET', hold, 'o', successor, 'c', '1', 'f', next_token, 'l', ARGV[12],
-    'r', successor_waiter, 'x', freed_by, 'q', rest, 'g', successor_waiter,
+    'r', successor_waiter, 'x', freed_by, 'g', successor_waiter,
     'e', string.format('%d', state.ends), 's', fl_rw_readers(state), 'i', successor_inbox)
   fl_rw_keep(hold, state, now_ms, window)
-  return {1, 0, next_token, fl_rw_queued(rest)}
+  if head then
+    fl_rw_leave(queue, successor_waiter, place)
+  end
+  return {1, 0, next_token, fl_rw_count(queue)}
 end
 
 -- A successor that holds a read hold itself asks for an upgrade, which its own attempt refuses:
@@ -163,24 +167,28 @@ if successor == '' or string.byte(successor_waiter, 1) ~= 119 or
 end
 -- Nobody else in line, the successor first in it, or nobody due: the successor (which may be
 -- queued itself: it leaves the queue) takes the lock.
-local rest, queued = fl_rw_without(q, successor_waiter)
-if state.readers == 0 and (rest == '' or not fl_rw_due(rest, now_ms, limit) or
-    (queued and string.find(q, successor_waiter .. ' ', 1, true) == 1)) then
-  return hand_over(rest)
+local own_head = head and string.sub(head, 1, #successor_waiter + 1) == successor_waiter .. ' '
+if state.readers == 0 and (not head or own_head or not fl_rw_due(since, now_us, limit)) then
+  return hand_over(own_head and head or nil)
 end
 local tail
-if successor_queues ~= '' and not fl_rw_find(q, successor_waiter) then
+if successor_queues ~= '' and not fl_rw_queued(queue, successor_waiter) then
   local waiter_lease = tonumber(successor_queues)
   local lasts = math.max(math.min(successor_lease, waiter_lease), 0)
-  tail = fl_rw_queue_line(successor_waiter, successor_inbox, successor, successor_lease, lasts,
-    now_ms, now_ms + waiter_lease)
+  tail = {member = fl_queue_member(successor_waiter, successor_inbox, successor,
+    string.format('%d', successor_lease), string.format('%d', lasts)),
+    waiter = successor_waiter, alive = now_ms + waiter_lease, ttl = waiter_lease}
 end
-local granted, left = settle(freed_by, tail)
-if not granted and state.readers == 0 and (left == '' or left == tail) then
-  -- Nobody in line could be granted it (their clients are gone): the successor takes it.
-  return hand_over('')
+local granted = settle(freed_by, tail)
+if not granted and state.readers == 0 then
+  local first = fl_rw_head(queue)
+  if not first or (tail and first == tail.member) then
+    -- Nobody in line could be granted it (their clients are gone): the successor takes it.
+    head = first
+    return hand_over(tail and tail.member)
+  end
 end
-if tail or fl_rw_find(left, successor_waiter) then
+if tail or fl_rw_queued(queue, successor_waiter) then
   return queued_reply()
 end
 return {1, 0}

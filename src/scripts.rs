@@ -348,8 +348,7 @@ pub(crate) fn prepare() {
 pub(crate) enum Key {
     /// The lock's hash.
     Hold = 1,
-    /// The wait queue of an exclusive lock (a sorted set); passed unused to the read-write
-    /// lock's scripts, which keep their queue in the hash (`lua/README.md`).
+    /// The lock's wait queue, a sorted set (`lua/lib/hold.lua`, `lua/lib/rw.lua`).
     Queue = 2,
     /// The shard's fence key.
     Fence = 3,

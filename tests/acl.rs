@@ -72,8 +72,10 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "xdel",
     "zadd",
     "zcard",
+    "zcount",
     "zpopmin",
     "zrange",
+    "zrangebyscore",
     "zrem",
     "zscore",
 ];

@@ -464,6 +464,7 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
         ("rw", "fence", true),
         ("rw", "readers", false),
         ("rw", "queue", false),
+        ("rw", "wait", false),
         ("rw", "alive", false),
         ("rw", "bids", false),
         ("rw", "done", false),

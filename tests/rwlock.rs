@@ -50,9 +50,20 @@ fn field(server: &RedisServer, prefix: &str, name: &str, field: &str) -> String 
         .unwrap_or_default()
 }
 
-/// How many waiters the lock's queue holds (one line each).
+/// The lock's wait queue, a sorted set beside its hash (`lua/lib/rw.lua`).
+fn queue_key(prefix: &str, name: &str) -> String {
+    format!("{{{prefix}:0}}:rw.wait:{name}")
+}
+
+/// How many waiters the lock's queue holds (its places: the members scored in µs).
 fn queue_len(server: &RedisServer, prefix: &str, name: &str) -> usize {
-    field(server, prefix, name, "q").matches('\n').count()
+    let places = server.cmd(&[
+        "ZCOUNT",
+        &queue_key(prefix, name),
+        "(100000000000000",
+        "+inf",
+    ]);
+    places.as_int() as usize
 }
 
 /// Worker process: runs one role against the server given in its environment.
@@ -1034,17 +1045,18 @@ fn assert_no_leftovers(server: &RedisServer, prefix: &str, name: &str) {
     let deadline = std::time::Instant::now() + HANG;
     let hash = key(prefix, name);
     loop {
-        let held: Vec<String> = ["o", "s", "q"]
+        let held: Vec<String> = ["o", "s"]
             .iter()
             .map(|f| field(server, prefix, name, f))
             .filter(|value| !value.is_empty())
             .collect();
-        if held.is_empty() {
+        let queued = server.cmd(&["EXISTS", &queue_key(prefix, name)]).as_int();
+        if held.is_empty() && queued == 0 {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "holds or waiters left behind: {held:?}"
+            "holds or waiters left behind: {held:?}, queue: {queued}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -2,8 +2,8 @@
 -- lib/fence.lua, lib/notify.lua and lib/hold.lua, whose functions it uses. Not a script of its
 -- own.
 --
--- One hash per read-write lock (KEYS[1]) is its whole state, wait queue included, with the
--- fields, tokens and tombstone of the exclusive locks (lib/hold.lua):
+-- One hash per read-write lock (KEYS[1]) holds its holds, with the fields, tokens and tombstone
+-- of the exclusive locks (lib/hold.lua); its wait queue is a sorted set beside it (KEYS[2]):
 --   o c f l r x g  the write hold and the retry records, as in lib/hold.lua (f: the latest
 --                  token the lock issued, to a write or a read hold). t is never set: the
 --                  write side's hand-overs are bounded by the head's wait alone (rw_release.lua)
@@ -27,22 +27,30 @@
 --      own, so one read line is one permit): a grant then stops at n live read holds, and
 --      waiters queue once n are held. Set by rw_acquire.lua (ARGV[13]); absent on a read-write
 --      lock, which has no bound
---   q  the wait queue as text, one line per waiter: "<waiter id> <inbox tag> <owner id>
---      <lease ms> <grant ms> <queued at ms> <alive until ms>\n" (the fields of a member of
---      lib/hold.lua's queue, when it queued (server ms: how long the head has waited, for the
---      write side's hand-over bound, rw_release.lua), then the time below). Unlike the
---      exclusive locks, the read-write lock keeps its queue in the hash, as text its grants
---      walk from the head
--- Waiters of both sides queue in q: a reader's waiter id starts with "r", a writer's with "w"
--- (then the client's inbox tag, ".", an op id: src/lock/rwlock.rs).
--- The last column of a line is the time (server ms) until which the waiter is known to be
--- alive: its queueing call set it a waiter lease ahead, and its client's heartbeat
--- (rw_heartbeat.lua) moves it on. A waiter whose time passed is dropped where the scripts meet
--- it: a writer that died waiting must not keep new readers out while readers hold the lock.
+-- The wait queue (KEYS[2], "queue", same hash tag) is a sorted set, as the exclusive locks'
+-- is (lib/hold.lua says why not text in the hash: a call would read and rebuild every waiter's
+-- line), with two members per waiter:
+--   its place: "<waiter id> <inbox tag> <owner id> <lease ms> <grant ms>" (lib/hold.lua's
+--     member), scored by the server clock in us when it queued: the queue's order, and how long
+--     its head has waited (for the write side's hand-over bound, rw_release.lua)
+--   its sign of life: "<waiter id>", scored by the time (server ms) until which the waiter is
+--     known to be alive: its queueing call sets it a waiter lease ahead, and its client's
+--     heartbeat (rw_heartbeat.lua) moves it on
+-- The two kinds never mix up: a time in us is above 10^15 since 2001, one in ms below 10^14
+-- until the year 5138, so the score range above FL_RW_PLACES holds the places alone, and every
+-- sign of life sorts before every place. A waiter whose time passed is dropped, both members,
+-- by the next call that looks at the queue (fl_rw_queue_head): a writer that died waiting must
+-- not keep new readers out while readers hold the lock. Each join and each heartbeat sets the
+-- queue's ttl to a waiter lease, which no sign of life in it outlasts. The queue counts only
+-- while the hash exists: a call that finds the hash gone deletes a queue left behind, and the
+-- heartbeat tells its waiters to queue again (the hash expires once its holds have lapsed and
+-- the retry window has passed).
+-- Waiters of both sides share the queue: a reader's waiter id starts with "r", a writer's with
+-- "w" (then the client's inbox tag, ".", an op id: src/lock/rwlock.rs).
 -- A writer at the head of the queue is granted the lock alone, once no read hold is left; the
 -- readers at the head, up to the first writer, are granted read holds together (a wave), with
 -- one event per client: "0|grants|<queued>,<waiter>:<grant ms>:<token>,...|<lock id>" (queued:
--- about how many waiters stay queued behind the wave, fl_rw_queued; each
+-- how many waiters stay queued behind the wave, fl_rw_count; each
 -- granted hold draws its own token, so a waiter dates its grant by the token, as for a write
 -- hold: src/engine/acquire.rs). A reader
 -- whose owner holds a read hold already is not granted a second one: it is woken by name and
@@ -51,11 +59,7 @@
 -- The hash's ttl is the latest end of its holds, or the retry window once none is left (the
 -- tombstone of lib/hold.lua, which keeps f and the freed-by chain x).
 --
--- fl_rw_find(q, waiter)              -> start and end of the waiter's line in q, or nil
--- fl_rw_without(q, waiter)           -> q without the waiter's line, and whether it was there
--- fl_rw_queued(q)                    -> how many waiters q holds, estimated from the length of
---                                       its first line (0 when empty, else at least 1)
--- fl_rw_read(hold)                   -> the fields {o, c, f, l, r, x, q, g, e, s, n} (one HMGET:
+-- fl_rw_read(hold)                   -> the fields {o, c, f, l, r, x, g, e, s, n} (one HMGET:
 --                                       a typed read), with o = false when "" or lapsed is not
 --                                       known yet (see fl_rw_state)
 -- fl_rw_state(fields, now_ms, owner) -> the live state: {writer (owner id or false), ends (the
@@ -71,66 +75,44 @@
 -- fl_rw_last(state)                 -> the latest end of every hold in state (ms)
 -- fl_rw_keep(hold, state, now_ms, window) sets the hash's ttl: to the latest end of its holds,
 --                                       or to the retry window when none is left
--- fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, queued_at, alive_until) -> one line
---                                       of q
--- fl_rw_due(q, now_ms, limit)        -> whether the first waiter of q (not empty) has waited
---                                       limit ms or more (always with limit 0; a line it cannot
---                                       read counts as due)
--- fl_rw_live(q, now_ms)              -> q without the waiters whose time passed, and whether a
---                                       writer is left in it
--- fl_rw_live_by_pattern(q, now_ms)   -> the same, read by a pattern (a queue with a line of
---                                       another shape, or one to drop)
--- fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
---   -> what fl_rw_grant returns. After a call ended or dropped holds (state is what is left):
---   grants the queue its turn when no write hold is live (fl_rw_grant), and otherwise, or when
---   nothing was granted, writes the lock as it is: the queue left (plus `tail`), the freed-by
---   chain x, the read holds, no write hold unless one is live, state.f when set (a release's
---   floor, or the token of a failed grant), and the ttl (the retry window when no hold is
---   left: the tombstone)
--- fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
---   -> "w" (a writer was granted the lock), "r" (readers were granted
---   read holds, or woken to re-enter) or false (nothing granted: the queue is empty or held
---   only waiters whose client is gone, or its head is a writer and read holds are left), and
---   the queue left, which it wrote (with x) when it changed. state.f is then the lock's f.
---   Grants from the head of q, dropping waiters whose client is gone on the way (their time
---   passed, or fl_emit_to finds nobody there):
---   the first writer when no read hold is left, or every reader up to the first writer, and
---   on a semaphore (state.cap) no more than leaves cap read holds live (a
---   writer passed over because its client is gone has used up the token it was drawn). Called
---   only when no write hold is live (a lapsed or released one's fields are cleared with the
---   grant). Writes the hash (q left, plus `tail`, a line to queue behind: a take-over's), the
---   freed-by chain x and the ttl before it sends anything (a write refused for want of memory fails the script
---   before any event). A writer's hold lasts its grant ms and each reader's its own.
-local function fl_rw_find(q, waiter)
-  if not q or waiter == '' then
-    return nil
-  end
-  local at, last = fl_find_word(q, waiter, 10, 32)
-  if not at then
-    return nil
-  end
-  return at, string.find(q, '\n', last, true)
-end
-
-local function fl_rw_without(q, waiter)
-  local from, to = fl_rw_find(q, waiter)
-  if not from then
-    return q or '', false
-  end
-  return string.sub(q, 1, from - 1) .. string.sub(q, to + 1), true
-end
-
-local function fl_rw_queued(q)
-  if not q or q == '' then
-    return 0
-  end
-  -- Lines differ only in their owner ids' lengths: the first line's length gives the count
-  -- closely enough, without a scan of the queue.
-  return math.max(1, math.floor(#q / string.find(q, '\n', 1, true)))
-end
+-- fl_rw_head(queue)                  -> the first place of the queue and its score (us), or nil
+-- fl_rw_queue_head(queue, fields, now_ms) -> fl_rw_head, after dropping the waiters whose time
+--                                       passed, or deleting the queue when the hash is gone
+--                                       (fields: the hash as read). The queue's typed read: a
+--                                       foreign value there fails with WRONGTYPE, before any write
+-- fl_rw_count(queue)                 -> how many waiters are queued
+-- fl_rw_queued(queue, waiter)        -> whether the waiter is queued (its sign of life is there)
+-- fl_rw_join(queue, member, waiter, alive_until, ttl) queues a place at the tail (scored by the
+--                                       clock) and its sign of life; ttl: the waiter lease (ms)
+-- fl_rw_leave(queue, waiter, member) -> whether the waiter was queued; takes it out of the queue
+--                                       (member: its place if the caller knows it, else nil:
+--                                       the queue is then searched for it)
+-- fl_rw_due(since, now_us, limit)    -> whether a waiter queued at `since` (us) has waited limit
+--                                       ms or more (always with limit 0)
+-- fl_rw_settle(hold, queue, head, f, state, now_us, x, events, mode, lock_id, tail, window)
+--   -> what fl_rw_grant returns. After a call ended or dropped holds (state is what is left;
+--   head: the queue's first place, nil when nobody waits): grants the queue its turn when no
+--   write hold is live (fl_rw_grant), and otherwise, or when nothing was granted, writes the
+--   lock as it is: the freed-by chain x, the read holds, no write hold unless one is live,
+--   state.f when set (a release's floor, or the token of a failed grant), the ttl (the retry
+--   window when no hold is left: the tombstone), and `tail` queued
+-- fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_id, tail, window)
+--   -> "w" (a writer was granted the lock), "r" (readers were granted read holds, or woken to
+--   re-enter) or false (nothing granted: the queue is empty or held only waiters whose client
+--   is gone, or its head is a writer and read holds are left). state.f is then the lock's f.
+--   Grants from the head of the queue, dropping waiters whose client is gone on the way
+--   (fl_emit_to finds nobody there; the caller dropped those whose time passed): the first
+--   writer when no read hold is left, or every reader up to the first writer, and on a
+--   semaphore (state.cap) no more than leaves cap read holds live (a writer passed over because
+--   its client is gone has used up the token it was drawn). Called only when no write hold is
+--   live (a lapsed or released one's fields are cleared with the grant). Writes the hash, the
+--   freed-by chain x, the ttl and `tail` (nil, or {member, waiter, alive, ttl}: a place to
+--   queue behind, a take-over's, never granted by this call) before it sends anything. A
+--   writer's hold lasts its grant ms and each reader's its own.
+local FL_RW_PLACES = '(100000000000000'
 
 local function fl_rw_read(hold)
-  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'q', 'g', 'e', 's', 'n')
+  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'g', 'e', 's', 'n')
   if v[1] == '' then
     v[1] = false
   end
@@ -139,16 +121,16 @@ end
 
 local function fl_rw_state(fields, now_ms, owner)
   local state = {owner = owner, writer = false, ends = 0, others = '', last = 0, first = 0,
-    readers = 0, cap = tonumber(fields[11]), changed = false}
+    readers = 0, cap = tonumber(fields[10]), changed = false}
   if fields[1] then
-    local ends = tonumber(fields[9]) or 0
+    local ends = tonumber(fields[8]) or 0
     if ends > now_ms then
       state.writer, state.ends = fields[1], ends
     else
       state.changed = true
     end
   end
-  local s = fields[10]
+  local s = fields[9]
   if not s or s == '' then
     return state
   end
@@ -179,7 +161,7 @@ local function fl_rw_state(fields, now_ms, owner)
   end
   if lapsed or covered ~= #s then
     -- Lapsed lines, or text that is no line (which these scripts never write), are dropped.
-    state.changed = state.changed or lapsed
+    state.changed = true
     local kept = {}
     for at, ends, stop in string.gmatch(s, '()%S+ %d+ %d+ (%d+) %S+ %S+\n()') do
       if tonumber(ends) > now_ms and at ~= mine_at then
@@ -226,63 +208,88 @@ local function fl_rw_keep(hold, state, now_ms, window)
   end
 end
 
-local function fl_rw_queue_line(waiter, inbox, owner, lease, grant_ms, queued_at, alive_until)
-  return string.format('%s %s %s %d %d %d %d\n', waiter, inbox, owner, lease, grant_ms,
-    queued_at, alive_until)
-end
-
-local function fl_rw_due(q, now_ms, limit)
-  if limit <= 0 then
-    return true
+local function fl_rw_head(queue)
+  local first = redis.call('ZRANGEBYSCORE', queue, FL_RW_PLACES, '+inf', 'WITHSCORES', 'LIMIT',
+    '0', '1')
+  if not first[1] then
+    return nil
   end
-  local since = string.match(q, '^%S+ %S+ %S+ %d+ %d+ (%d+) %d+\n')
-  return not since or tonumber(since) <= now_ms - limit
+  return first[1], tonumber(first[2])
 end
 
-local function fl_rw_live_by_pattern(q, now_ms)
-  -- fl_rw_live's reading of a queue with a line its plain searches cannot read.
-  local kept, writer, dropped = {}, false, false
-  for at, first, alive, stop in string.gmatch(q, '()(%S)[^\n]* (%d+)\n()') do
-    if tonumber(alive) > now_ms then
-      kept[#kept + 1] = string.sub(q, at, stop - 1)
-      writer = writer or first == 'w'
-    else
-      dropped = true
+-- Removes members from the queue, a few hundred per call (Lua's unpack has a stack limit).
+local function fl_rw_remove(queue, members)
+  for from = 1, #members, 200 do
+    redis.call('ZREM', queue, unpack(members, from, math.min(from + 199, #members)))
+  end
+end
+
+local function fl_rw_queue_head(queue, fields, now_ms)
+  -- The lowest score is the earliest sign of life: whether anybody is queued, and whether a
+  -- waiter's time passed, in one read.
+  local first = fl_queue_call(queue, 'ZRANGE', '0', '0', 'WITHSCORES')
+  if not first[1] then
+    return nil
+  end
+  if not fields[3] then
+    redis.call('DEL', queue)
+    return nil
+  end
+  if tonumber(first[2]) <= now_ms then
+    -- Waiters whose client stopped vouching for them (rare): their places are found by a walk
+    -- over the queue.
+    local dead, gone = {}, {}
+    for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', queue, '-inf', string.format('%d', now_ms))) do
+      dead[waiter] = true
+      gone[#gone + 1] = waiter
     end
-  end
-  if not dropped then
-    return q, writer
-  end
-  return table.concat(kept), writer
-end
-
-local function fl_rw_live(q, now_ms)
-  if not q or q == '' then
-    return '', false
-  end
-  -- Each line ends with its alive time, server ms: 13 digits (until the year 2286), read at a
-  -- fixed offset from the line's end, which a plain search finds. A pattern would try a match
-  -- at every byte and build every line as text (see fl_rw_state): with a dozen waiters that
-  -- cost the server more than the rest of the call. A line of another shape, or one to drop,
-  -- sends the queue to the pattern.
-  local find, byte = string.find, string.byte
-  local writer, at, size = false, 1, #q
-  while at <= size do
-    local stop = find(q, '\n', at, true)
-    local alive = stop and stop - at > 14 and byte(q, stop - 14) == 32 and
-      tonumber(string.sub(q, stop - 13, stop - 1))
-    if not alive or alive <= now_ms then
-      return fl_rw_live_by_pattern(q, now_ms)
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', queue, FL_RW_PLACES, '+inf')) do
+      if dead[string.match(member, '^%S+')] then
+        gone[#gone + 1] = member
+      end
     end
-    writer = writer or byte(q, at) == 119
-    at = stop + 1
+    fl_rw_remove(queue, gone)
   end
-  return q, writer
+  return fl_rw_head(queue)
 end
 
-local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
+local function fl_rw_count(queue)
+  return redis.call('ZCOUNT', queue, FL_RW_PLACES, '+inf')
+end
+
+local function fl_rw_queued(queue, waiter)
+  return waiter ~= '' and redis.call('ZSCORE', queue, waiter) ~= false
+end
+
+local function fl_rw_join(queue, member, waiter, alive_until, ttl)
+  redis.call('ZADD', queue, 'NX', fl_now_text(), member)
+  redis.call('ZADD', queue, string.format('%d', alive_until), waiter)
+  redis.call('PEXPIRE', queue, string.format('%d', ttl))
+end
+
+local function fl_rw_leave(queue, waiter, member)
+  if not fl_rw_queued(queue, waiter) then
+    return false
+  end
+  if not member or redis.call('ZREM', queue, member, waiter) < 2 then
+    -- Its place is not the member the caller built (or it knows none): searched for.
+    local prefix = waiter .. ' '
+    for _, place in ipairs(redis.call('ZRANGEBYSCORE', queue, FL_RW_PLACES, '+inf')) do
+      if string.sub(place, 1, #prefix) == prefix then
+        redis.call('ZREM', queue, place)
+      end
+    end
+    redis.call('ZREM', queue, waiter)
+  end
+  return true
+end
+
+local function fl_rw_due(since, now_us, limit)
+  return limit <= 0 or since <= now_us - limit * 1000
+end
+
+local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_id, tail, window)
   local now_ms = math.floor(now_us / 1000)
-  local at, size = 1, #q
   local wave, woken, held = {}, {}, {}
   local lines, readers = {}, state.readers
   -- Every hold granted here draws its own token above the last: max(last + 1, clock).
@@ -291,66 +298,77 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     last = math.max(last + 1, now_us)
     return string.format('%d', last)
   end
-  while at <= size do
-    local stop = string.find(q, '\n', at, true)
-    local waiter, inbox, owner, lasts, alive =
-      string.match(q, '^(%S+) (%S+) (%S+) %d+ (%d+) %d+ (%d+)\n', at)
-    if waiter and tonumber(alive) <= now_ms then
-      -- Its client stopped vouching for it: dropped.
-      at = stop + 1
-    elseif waiter and state.cap and readers + #wave >= state.cap then
-      -- A semaphore with every permit held: the rest waits for the next release.
-      break
-    elseif waiter and string.byte(waiter, 1) == 114 then
-      -- A reader: granted a read hold with the others of the wave.
-      at = stop + 1
-      if held[owner] or (state.mine and state.owner == owner) or
-          fl_find_word(state.others, owner, 10, 32) then
-        woken[#woken + 1] = {inbox, waiter}
-      else
-        held[owner] = true
-        local token = next_token()
-        local ends = now_ms + tonumber(lasts)
-        lines[#lines + 1] = fl_rw_line(owner, 1, token, ends, waiter, waiter)
-        wave[#wave + 1] = {inbox, waiter, lasts, owner, ends, token}
-      end
-    elseif waiter and #wave == 0 and #woken == 0 and readers == 0 then
-      -- A writer, with no read hold left: granted the lock alone.
-      at = stop + 1
-      local text = next_token()
-      local left = string.sub(q, at) .. (tail or '')
-      local ends = now_ms + tonumber(lasts)
-      redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
-        'x', x, 'q', left, 'g', waiter, 'e', string.format('%d', ends), 's', fl_rw_readers(state),
-        'i', '')
-      state.f = text
-      local queued = fl_rw_queued(left)
-      if fl_emit_to(events .. ':to:' .. inbox, mode,
-          '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
-        state.writer, state.ends = owner, ends
-        fl_rw_keep(hold, state, now_ms, window)
-        return 'w', left
-      end
-      -- Its client is gone: the next waiter's turn (the hash is written again; f stays
-      -- where it went, tokens only grow).
-      redis.call('HSET', hold, 'o', '', 'c', '0', 'g', '', 'e', '')
-    elseif waiter then
-      break
-    else
-      -- Not a queue line (never written by these scripts): dropped.
-      at = (stop or size) + 1
+  local function join_tail()
+    if tail then
+      fl_rw_join(queue, tail.member, tail.waiter, tail.alive, tail.ttl)
+      tail = nil
     end
+  end
+  -- The queue is read from its head a page at a time; the places this call is done with (granted,
+  -- woken, or not a place) leave it before the next page is read.
+  local page, done, stop = 4, {}, false
+  while not stop do
+    local places = redis.call('ZRANGEBYSCORE', queue, FL_RW_PLACES, '+inf', 'LIMIT', '0', page)
+    if not places[1] then
+      break
+    end
+    page = 32
+    for _, place in ipairs(places) do
+      local waiter, inbox, owner, lasts = fl_queue_parse(place)
+      if not waiter then
+        -- Not a place (never written by these scripts): dropped.
+        done[#done + 1] = place
+      elseif state.cap and readers + #wave >= state.cap then
+        -- A semaphore with every permit held: the rest waits for the next release.
+        stop = true
+        break
+      elseif string.byte(waiter, 1) == 114 then
+        -- A reader: granted a read hold with the others of the wave.
+        done[#done + 1], done[#done + 2] = place, waiter
+        if held[owner] or (state.mine and state.owner == owner) or
+            fl_find_word(state.others, owner, 10, 32) then
+          woken[#woken + 1] = {inbox, waiter}
+        else
+          held[owner] = true
+          local token = next_token()
+          local ends = now_ms + tonumber(lasts)
+          lines[#lines + 1] = fl_rw_line(owner, 1, token, ends, waiter, waiter)
+          wave[#wave + 1] = {inbox, waiter, lasts, owner, ends, token}
+        end
+      elseif #wave == 0 and #woken == 0 and readers == 0 then
+        -- A writer, with no read hold left: granted the lock alone.
+        done[#done + 1], done[#done + 2] = place, waiter
+        fl_rw_remove(queue, done)
+        done = {}
+        local text = next_token()
+        local ends = now_ms + tonumber(lasts)
+        redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
+          'x', x, 'g', waiter, 'e', string.format('%d', ends), 's', fl_rw_readers(state), 'i', '')
+        state.f = text
+        join_tail()
+        local queued = fl_rw_count(queue)
+        if fl_emit_to(events .. ':to:' .. inbox, mode,
+            '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
+          state.writer, state.ends = owner, ends
+          fl_rw_keep(hold, state, now_ms, window)
+          return 'w'
+        end
+        -- Its client is gone: the next waiter's turn (the hash is written again; f stays
+        -- where it went, tokens only grow). The walk starts again from the new head.
+        redis.call('HSET', hold, 'o', '', 'c', '0', 'g', '', 'e', '')
+        break
+      else
+        stop = true
+        break
+      end
+    end
+    fl_rw_remove(queue, done)
+    done = {}
   end
   if #wave == 0 and #woken == 0 then
-    local left = string.sub(q, at) .. (tail or '')
-    if at > 1 then
-      -- Waiters whose client is gone were dropped on the way.
-      redis.call('HSET', hold, 'q', left, 'x', x)
-    end
-    return false, left
+    join_tail()
+    return false
   end
-  local left = string.sub(q, at) .. (tail or '')
-  local queued = fl_rw_queued(left)
   local others_before, last_before = state.others, state.last
   state.others = state.others .. table.concat(lines)
   for _, reader in ipairs(wave) do
@@ -361,9 +379,11 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
   state.readers = state.readers + #wave
   state.f = string.format('%d', last)
   -- No write hold is left (the caller grants only then): its fields go with the same write.
-  redis.call('HSET', hold, 's', fl_rw_readers(state), 'q', left, 'x', x, 'f', state.f,
+  redis.call('HSET', hold, 's', fl_rw_readers(state), 'x', x, 'f', state.f,
     'o', '', 'c', '0', 'g', '', 'e', '')
   fl_rw_keep(hold, state, now_ms, window)
+  join_tail()
+  local queued = fl_rw_count(queue)
   -- One event per client: its granted readers, then its readers woken by name.
   local by_inbox, order = {}, {}
   for _, reader in ipairs(wave) do
@@ -402,39 +422,42 @@ local function fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, 
     fl_rw_keep(hold, state, now_ms, window)
     if (#kept == 0 and state.readers == 0) or (state.cap and state.readers < state.cap) then
       -- Nobody of the wave was there, or a semaphore's permits are left: the next in line.
-      local granted, rest = fl_rw_grant(hold, state.f, left, state, now_us, x, events, mode,
+      local granted = fl_rw_grant(hold, queue, state.f, state, now_us, x, events, mode,
         lock_id, nil, window)
       if granted or #kept == 0 then
-        return granted, rest
+        return granted
       end
-      return 'r', rest
     end
   end
-  return 'r', left
+  return 'r'
 end
 
-local function fl_rw_settle(hold, f, q, state, now_us, x, events, mode, lock_id, tail, window)
-  local granted, left = false, q .. (tail or '')
-  if q ~= '' and not state.writer then
-    granted, left = fl_rw_grant(hold, f, q, state, now_us, x, events, mode, lock_id, tail,
-      window)
+local function fl_rw_settle(hold, queue, head, f, state, now_us, x, events, mode, lock_id, tail,
+    window)
+  local granted = false
+  if head and not state.writer then
+    granted = fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_id, tail, window)
+    tail = nil
   end
   if not granted then
-    -- One HSET: the queue, the chain, the read holds, the write hold's fields cleared unless
-    -- it is live, and f when the call moved it (a release's floor; grants to waiters whose
-    -- client was gone wrote theirs already, and write it again).
-    local args = {'x', x, 'q', left, 's', fl_rw_readers(state),
+    -- One HSET: the chain, the read holds, the write hold's fields cleared unless it is live,
+    -- and f when the call moved it (a release's floor; grants to waiters whose client was gone
+    -- wrote theirs already, and write it again).
+    local args = {'x', x, 's', fl_rw_readers(state),
       false, false, false, false, false, false, false, false, false, false}
-    local n = 6
+    local n = 4
     if not state.writer then
-      args[7], args[8], args[9], args[10], args[11], args[12], args[13], args[14], n =
-        'o', '', 'c', '0', 'g', '', 'e', '', 14
+      args[5], args[6], args[7], args[8], args[9], args[10], args[11], args[12], n =
+        'o', '', 'c', '0', 'g', '', 'e', '', 12
     end
     if state.f then
       args[n + 1], args[n + 2], n = 'f', state.f, n + 2
     end
     redis.call('HSET', hold, unpack(args, 1, n))
     fl_rw_keep(hold, state, math.floor(now_us / 1000), window)
+    if tail then
+      fl_rw_join(queue, tail.member, tail.waiter, tail.alive, tail.ttl)
+    end
   end
-  return granted, left
+  return granted
 end

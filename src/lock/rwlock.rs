@@ -472,9 +472,9 @@ impl RedisQueue for RwDriver {
         ScriptKeys::new(&self.keys)
     }
 
-    /// The hash alone: the read-write lock keeps its queue there.
+    /// The hash and the queue (`lua/rw_heartbeat.lua`).
     fn place_keys(&self) -> Vec<String> {
-        ScriptKeys::new(&self.keys).through(Key::Hold)
+        ScriptKeys::new(&self.keys).through(Key::Queue)
     }
 
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {

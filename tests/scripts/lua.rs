@@ -902,10 +902,10 @@ pub(crate) fn ints_of(values: &[i64]) -> Resp {
 /// The hash of read-write lock `x` under prefix `t` (shard 0): the lock's whole state
 /// (`lua/lib/rw.lua`).
 pub(crate) const RW_HOLD: &str = "{t:0}:rw:x";
-/// What the client passes at the marker position (`KEYS[2]`, unused): no script may create it.
-pub(crate) const RW_MARKER: &str = "{t:0}:rw.wait:x";
+/// The wait queue of read-write lock `x`, a sorted set beside its hash (`lua/lib/rw.lua`).
+pub(crate) const RW_QUEUE: &str = "{t:0}:rw.wait:x";
 /// The KEYS of the read-write scripts that work on one lock (`through(Key::Events)`).
-pub(crate) const RW_KEYS: [&str; 4] = [RW_HOLD, RW_MARKER, FENCE, EVENTS];
+pub(crate) const RW_KEYS: [&str; 4] = [RW_HOLD, RW_QUEUE, FENCE, EVENTS];
 pub(crate) const RW_LOCK_ID: &str = "rw:x";
 /// How far (ms) the expiry time of the hash may lie from the end it is meant to have: the
 /// scripts compute ends from the server clock in whole ms, Redis sets the expiry from its own
@@ -1079,14 +1079,10 @@ pub(crate) fn rw_grant(waiter: &str, token: i64, grant_ms: i64, queued: usize) -
     grant_of(RW_LOCK_ID, waiter, token, grant_ms, queued)
 }
 
-/// About how many waiters a queue of `lines` holds, as `fl_rw_queued` (`lua/lib/rw.lua`)
-/// estimates it from the length of its first line: the count a grant event carries.
+/// How many waiters a queue of `lines` holds: the count a grant event carries (`fl_rw_count` in
+/// `lua/lib/rw.lua`).
 pub(crate) fn rw_queued<S: AsRef<str>>(lines: &[S]) -> usize {
-    let total: usize = lines.iter().map(|line| line.as_ref().len()).sum();
-    match lines.first() {
-        None => 0,
-        Some(first) => (total / first.as_ref().len()).max(1),
-    }
+    lines.len()
 }
 
 /// The event that grants a wave of readers of one client: how many waiters stay queued, then
@@ -1113,8 +1109,9 @@ fn hash_times(server: &RedisServer) -> BTreeMap<String, i64> {
     if server.cmd(&["TYPE", RW_HOLD]).as_str().as_deref() != Some("hash") {
         return times;
     }
-    let fields = server.cmd(&["HMGET", RW_HOLD, "e", "s", "q"]).as_array();
-    let [e, s, q] = [0, 1, 2].map(|i| fields[i].as_str().unwrap_or_default());
+    let fields = server.cmd(&["HMGET", RW_HOLD, "e", "s"]).as_array();
+    let [e, s] = [0, 1].map(|i| fields[i].as_str().unwrap_or_default());
+    let q = rw_queue_text(server);
     if let Ok(e) = e.parse() {
         times.insert("e".to_owned(), e);
     }
@@ -1136,6 +1133,43 @@ fn hash_times(server: &RedisServer) -> BTreeMap<String, i64> {
     }
     times
 }
+
+/// The wait queue of read-write lock `x` as text, one line per waiter, head first: its place,
+/// when it queued (server ms: its score in µs, floored) and the time it is known alive until
+/// (its sign of life's score): "<waiter id> <inbox tag> <owner id> <lease ms> <grant ms>
+/// <queued at> <alive until>\n" (`lua/lib/rw.lua`). Asserts that every place has its sign of life
+/// and no sign of life is left without a place.
+pub(crate) fn rw_queue_text(server: &RedisServer) -> String {
+    let places = server
+        .cmd(&["ZRANGEBYSCORE", RW_QUEUE, RW_PLACES, "+inf", "WITHSCORES"])
+        .as_array();
+    let mut text = String::new();
+    for pair in places.chunks(2) {
+        let place = pair[0].as_str().expect("a place");
+        let score = pair[1].as_str().expect("a place's score");
+        let since: i64 = score
+            .parse()
+            .unwrap_or_else(|e| panic!("the score {score:?} of {place:?}: {e}"));
+        let waiter = place.split(' ').next().unwrap_or_default();
+        let alive = server
+            .cmd(&["ZSCORE", RW_QUEUE, waiter])
+            .as_str()
+            .unwrap_or_else(|| panic!("no sign of life of {place:?}"));
+        text += &format!("{place} {} {alive}\n", since.div_euclid(1000));
+    }
+    let signs = server
+        .cmd(&["ZCOUNT", RW_QUEUE, "-inf", "100000000000000"])
+        .as_int();
+    assert_eq!(
+        signs as usize,
+        places.len() / 2,
+        "signs of life without a place: {text:?}"
+    );
+    text
+}
+
+/// The lowest score of a place in a read-write queue (`FL_RW_PLACES` in `lua/lib/rw.lua`).
+const RW_PLACES: &str = "(100000000000000";
 
 /// The read-write scripts as `src/scripts.rs` composes them (check prelude, FENCE, NOTIFY,
 /// HOLD, RW), run with `EVAL` on [`RW_KEYS`] in one notification mode.
@@ -1378,7 +1412,16 @@ impl<'a> Rw<'a> {
     /// waiter ids) of `locks`, the key in KEYS and the count and the ids in ARGV; the raw
     /// reply.
     pub(crate) fn heartbeat_raw(&self, waiter_lease: i64, locks: &[(&str, &[&str])]) -> Resp {
-        let keys: Vec<&str> = locks.iter().map(|(hold, _)| *hold).collect();
+        // Each lock's hash and queue (`{t:s}:rw:N` and `{t:s}:rw.wait:N`).
+        let queues: Vec<String> = locks
+            .iter()
+            .map(|(hold, _)| hold.replacen(":rw:", ":rw.wait:", 1))
+            .collect();
+        let keys: Vec<&str> = locks
+            .iter()
+            .zip(&queues)
+            .flat_map(|((hold, _), queue)| [*hold, queue.as_str()])
+            .collect();
         let counts: Vec<String> = locks.iter().map(|(_, ids)| ids.len().to_string()).collect();
         let waiter_lease = waiter_lease.to_string();
         let mut args = vec![waiter_lease.as_str()];
@@ -1459,7 +1502,7 @@ impl<'a> Rw<'a> {
             l: take("l"),
             r: take("r"),
             x: take("x"),
-            q: take("q"),
+            q: (!items.is_empty()).then(|| rw_queue_text(self.server)),
             g: take("g"),
             e: take("e"),
             s: take("s"),
@@ -1684,10 +1727,10 @@ impl<'a> Rw<'a> {
         dump_keys(self.server, &keys)
     }
 
-    /// Asserts that no call created a key it has no business with: the unused marker position
-    /// and the shard's event stream and counter (events go to inboxes only).
+    /// Asserts that no call created a key it has no business with: the shard's event stream
+    /// and counter (events go to inboxes only).
     pub(crate) fn assert_no_stray_keys(&self) {
-        for key in [RW_MARKER, EVENTS, SEQ] {
+        for key in [EVENTS, SEQ] {
             assert!(!exists(self.server, key), "{key} was created");
         }
     }
