@@ -12,6 +12,8 @@
 -- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    the shard's fence key (lib/fence.lua), read only for a lock with no hash
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- KEYS[5] ops      unused (kept for the canonical order)
+-- KEYS[6] reads    the ends of the lock's read holds (see lib/rw.lua)
 -- ARGV[1] owner    owner id
 -- ARGV[2] lease    lease in ms (> 0)
 -- ARGV[3] op       op id, unique per call; a retried call with the same op id is answered, not
@@ -49,16 +51,16 @@
 --         a FLFENCE error (and no change) when the fence key is missing or carries another
 --         layout (lib/fence.lua), a WRONGTYPE error (and no change) when the hold or the fence
 --         key holds a foreign value.
-local hold, queue, fence, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local hold, queue, fence, events, reads = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[6]
 local owner, lease, op, waiter = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local waiter_lease, mode, lock_id = tonumber(ARGV[5]), ARGV[6], ARGV[8]
 local side, inbox, window, notice = ARGV[9], ARGV[10], tonumber(ARGV[11]), ARGV[12]
 local permits, fence_arg = tonumber(ARGV[13]), ARGV[14]
 
-local fields = fl_rw_read(hold)
+local fields = fl_rw_read(hold, owner)
 local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
-local state = fl_rw_state(fields, now_ms, owner)
+local state = fl_rw_state(reads, fields, now_ms, owner)
 local writing = side == 'write'
 
 -- Holds that lapsed left waiters queued behind them: the queue is served first (a writer at
@@ -86,10 +88,10 @@ end
 if not state.writer and head then
   local reader_head = string.byte(head, 1) == 114
   if reader_head or (state.readers == 0 and not (writing and own(head))) then
-    fl_rw_grant(hold, queue, fields[3] or '0', state, now_us, fields[6] or '', events, mode,
-      lock_id, nil, window)
-    fields = fl_rw_read(hold)
-    state = fl_rw_state(fields, now_ms, owner)
+    fl_rw_grant(hold, queue, reads, fields[3] or '0', state, now_us, fields[6] or '', events,
+      mode, lock_id, nil, window)
+    fields = fl_rw_read(hold, owner)
+    state = fl_rw_state(reads, fields, now_ms, owner)
     head = fl_rw_head(queue)
   end
 end
@@ -128,8 +130,9 @@ if writing and state.writer == owner then
   local count = tonumber(fields[2]) + 1
   state.ends = math.max(state.ends, lease_end)
   redis.call('HSET', hold, 'c', string.format('%d', count), 'r', op,
-    'e', string.format('%d', state.ends), 's', fl_rw_readers(state))
-  fl_rw_keep(hold, state, now_ms, window)
+    'e', string.format('%d', state.ends))
+  fl_rw_put_reads(hold, reads, state)
+  fl_rw_keep(hold, reads, state, now_ms, window)
   if queued then
     fl_rw_leave(queue, waiter, member)
   end
@@ -142,8 +145,9 @@ if not writing and (mine or state.writer == owner) then
     state.mine = {count = 1, token = fields[3], ends = lease_end, op = op, waiter = '-'}
     mine = state.mine
   end
-  redis.call('HSET', hold, 's', fl_rw_readers(state))
-  fl_rw_keep(hold, state, now_ms, window)
+  state.mine_changed = true
+  fl_rw_put_reads(hold, reads, state)
+  fl_rw_keep(hold, reads, state, now_ms, window)
   if queued then
     fl_rw_leave(queue, waiter, member)
   end
@@ -175,11 +179,11 @@ if takes then
   if writing then
     state.writer, state.ends = owner, lease_end
     redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', token, 'l', ARGV[2], 'r', op, 'g', '',
-      'e', string.format('%d', lease_end), 's', fl_rw_readers(state),
-      'i', notice == '1' and inbox or '')
+      'e', string.format('%d', lease_end), 'i', notice == '1' and inbox or '')
   else
     state.mine = {count = 1, token = token, ends = lease_end, op = op, waiter = '-'}
-    redis.call('HSET', hold, 'f', token, 's', fl_rw_readers(state))
+    state.mine_changed = true
+    redis.call('HSET', hold, 'f', token)
     if state.cap and not fields[3] then
       -- A semaphore's first take (no hash before it): its permit count goes with it.
       redis.call('HSET', hold, 'n', string.format('%d', state.cap))
@@ -188,7 +192,8 @@ if takes then
       redis.call('HSET', hold, 'o', '', 'c', '0', 'e', '')
     end
   end
-  fl_rw_keep(hold, state, now_ms, window)
+  fl_rw_put_reads(hold, reads, state)
+  fl_rw_keep(hold, reads, state, now_ms, window)
   if queued then
     fl_rw_leave(queue, waiter, member)
   end
@@ -198,11 +203,11 @@ end
 -- It waits: it queues (unless it only tries), at the tail; the lapsed holds it met go.
 local joins = waiter_lease > 0 and not queued
 if state.changed then
-  redis.call('HSET', hold, 's', fl_rw_readers(state))
+  fl_rw_put_reads(hold, reads, state)
   if not state.writer then
     redis.call('HSET', hold, 'o', '', 'c', '0', 'e', '')
   end
-  fl_rw_keep(hold, state, now_ms, window)
+  fl_rw_keep(hold, reads, state, now_ms, window)
 end
 if joins then
   fl_rw_join(queue, member, waiter, now_ms + waiter_lease, waiter_lease)
@@ -216,7 +221,7 @@ if joins then
 end
 -- It looks again (event or not) once the lock may be free for it: when the last hold ends, or
 -- on a semaphore the first.
-local bound = (state.cap and state.first or fl_rw_last(state)) - now_ms
+local bound = (state.cap and fl_rw_first(reads, now_ms) or fl_rw_last(state)) - now_ms
 if bound < 1 then
   bound = math.max(waiter_lease, 1000)
 end

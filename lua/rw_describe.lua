@@ -6,6 +6,8 @@
 -- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    unused
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- KEYS[5] ops      unused (kept for the canonical order)
+-- KEYS[6] reads    the ends of the lock's read holds (see lib/rw.lua)
 -- ARGV[1..5]       unused (no call)
 -- ARGV[6] mode, ARGV[7] maxlen (unused), ARGV[8] lock-id (unused)   the event arguments
 -- ARGV[9] limit    how many read holds and waiters to list at most each
@@ -14,22 +16,28 @@
 --          fencing token ("" when it has no hash), ms until the write hold's lease ends (-2
 --          without), the semaphore's permit count (0 on a read-write lock), live read holds,
 --          read holds listed (r), waiters queued (alive), then r times {owner id, count,
---          token, ms until its lease ends}, then per listed waiter, head first: {waiter id,
+--          token, ms until its lease ends} (the earliest end first), then per listed waiter, head first: {waiter id,
 --          inbox tag, owner id, whether its client listens (fl_listening: 1, 0, -1 unknown)}};
 --         a WRONGTYPE error when the key holds a foreign value (HMGET: a typed read).
-local queue, events, mode, limit = KEYS[2], KEYS[4], ARGV[6], tonumber(ARGV[9])
-local fields = fl_rw_read(KEYS[1])
+local hold, queue, events, reads = KEYS[1], KEYS[2], KEYS[4], KEYS[6]
+local mode, limit = ARGV[6], tonumber(ARGV[9])
+local fields = fl_rw_read(hold, '')
 local now_ms = math.floor(fl_now_us() / 1000)
-local state = fl_rw_state(fields, now_ms, '')
+local state = fl_rw_state(reads, fields, now_ms, '')
 local readers = {}
-for who, count, token, ends in string.gmatch(state.others, '(%S+) (%d+) (%d+) (%d+) %S+ %S+\n') do
-  if #readers >= 4 * limit then
-    break
+if state.readers > 0 then
+  local live = redis.call('ZRANGEBYSCORE', reads, '(' .. string.format('%d', now_ms), '+inf',
+    'WITHSCORES', 'LIMIT', '0', string.format('%d', limit))
+  for i = 1, #live, 2 do
+    local count, token = string.match(redis.call('HGET', hold, '=' .. live[i]) or '',
+      '^(%d+) (%d+) ')
+    if count then
+      readers[#readers + 1] = live[i]
+      readers[#readers + 1] = tonumber(count)
+      readers[#readers + 1] = token
+      readers[#readers + 1] = tonumber(live[i + 1]) - now_ms
+    end
   end
-  readers[#readers + 1] = who
-  readers[#readers + 1] = tonumber(count)
-  readers[#readers + 1] = token
-  readers[#readers + 1] = tonumber(ends) - now_ms
 end
 -- The waiters whose time passed are left out (a call that changes the lock drops them), and
 -- so is the queue of a lock whose hash is gone.

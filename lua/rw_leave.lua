@@ -7,6 +7,8 @@
 -- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    unused (kept for the canonical order)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- KEYS[5] ops      unused (kept for the canonical order)
+-- KEYS[6] reads    the ends of the lock's read holds (see lib/rw.lua)
 -- ARGV[1..3]       unused (the call section of an acquisition, lua/README.md)
 -- ARGV[4] waiter   the waiter id that leaves
 -- ARGV[5] window   the retry window in ms: the ttl of a lock left with no hold
@@ -14,28 +16,17 @@
 --
 -- Returns {1} when the waiter was queued or granted a hold (now gone), {0} when it was
 -- neither; a WRONGTYPE error (and no change) when the hold key holds a foreign value.
-local hold, queue, events = KEYS[1], KEYS[2], KEYS[4]
+local hold, queue, events, reads = KEYS[1], KEYS[2], KEYS[4], KEYS[6]
 local waiter, window, mode, lock_id = ARGV[4], tonumber(ARGV[5]), ARGV[6], ARGV[8]
 
-local fields = fl_rw_read(hold)
+local fields = fl_rw_read(hold, '')
 local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
-local state = fl_rw_state(fields, now_ms, '')
+local state = fl_rw_state(reads, fields, now_ms, '')
 fl_rw_queue_head(queue, fields, now_ms)
+-- A live read hold granted under this waiter id (its waiter column names it).
+local granted_read = state.readers > 0 and fl_rw_read_of(hold, reads, waiter, now_ms)
 local queued = fl_rw_leave(queue, waiter, nil)
-
--- A read hold granted under this waiter id (its line names the waiter in the last column).
-local granted_read
-if fields[9] then
-  local at = fl_find_word(fields[9], waiter, 32, 10)
-  if at then
-    local line_start = at
-    while line_start > 1 and string.byte(fields[9], line_start - 1) ~= 10 do
-      line_start = line_start - 1
-    end
-    granted_read = string.match(fields[9], '^(%S+) (%d+)', line_start)
-  end
-end
 
 local freed
 if state.writer and fields[7] == waiter then
@@ -49,9 +40,11 @@ if state.writer and fields[7] == waiter then
   state.writer, state.ends = false, 0
   freed = true
 elseif granted_read then
-  state = fl_rw_state(fields, now_ms, granted_read)
+  fields = fl_rw_read(hold, granted_read)
+  state = fl_rw_state(reads, fields, now_ms, granted_read)
   local mine = state.mine
   if mine and mine.waiter == waiter then
+    state.mine_changed = true
     if mine.count > 1 then
       mine.count, mine.waiter = mine.count - 1, '-'
     else
@@ -70,6 +63,6 @@ if freed then
 end
 -- The lock may be the queue's turn now: its holder's grant went, or this waiter was the writer
 -- at the head that kept the readers behind it waiting.
-fl_rw_settle(hold, queue, fl_rw_head(queue), fields[3], state, now_us, freed_by, events, mode,
-  lock_id, nil, window)
+fl_rw_settle(hold, queue, reads, fl_rw_head(queue), fields[3], state, now_us, freed_by, events,
+  mode, lock_id, nil, window)
 return {1}

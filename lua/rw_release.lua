@@ -13,6 +13,8 @@
 -- KEYS[2] queue    the lock's wait queue (see lib/rw.lua)
 -- KEYS[3] fence    unused (a grant or hand-over continues the lock's token)
 -- KEYS[4] events   the shard's stream or channel: the base name of the inboxes
+-- KEYS[5] ops      unused (kept for the canonical order)
+-- KEYS[6] reads    the ends of the lock's read holds (see lib/rw.lua)
 -- ARGV[1] owner    owner id
 -- ARGV[2] token    fencing token of the hold being released (a stale hold of the same owner
 --                  is refused)
@@ -52,7 +54,7 @@
 --         {0, 0} when the hold is not there (expired or released),
 --         {-1, 0} when the owner's hold carries another token (a newer hold of this owner),
 --         a WRONGTYPE error (and no change) when the hold key holds a foreign value.
-local hold, queue, events = KEYS[1], KEYS[2], KEYS[4]
+local hold, queue, events, reads = KEYS[1], KEYS[2], KEYS[4], KEYS[6]
 local owner, token, op, all, window = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local mode, lock_id, side = ARGV[6], ARGV[8], ARGV[9]
 local successor, successor_waiter = ARGV[10] or '', ARGV[11] or ''
@@ -63,10 +65,10 @@ local limit, successor_queues = tonumber(ARGV[13]) or 0, ARGV[15] or ''
 -- the other, and each final release's retry must still find its own.
 local CHAIN = 264
 
-local fields = fl_rw_read(hold)
+local fields = fl_rw_read(hold, owner)
 local now_us = fl_now_us()
 local now_ms = math.floor(now_us / 1000)
-local state = fl_rw_state(fields, now_ms, owner)
+local state = fl_rw_state(reads, fields, now_ms, owner)
 local head, since = fl_rw_queue_head(queue, fields, now_ms)
 
 -- The bound and token of a busy reply, for a successor that queued: the lock's f, which a
@@ -78,7 +80,7 @@ end
 -- Once the hold is gone: the queue's turn, or the lock written as it is (lib/rw.lua). A
 -- retried write release is answered by the chain x.
 local function settle(freed_by, tail)
-  return fl_rw_settle(hold, queue, head, fields[3], state, now_us, freed_by, events, mode,
+  return fl_rw_settle(hold, queue, reads, head, fields[3], state, now_us, freed_by, events, mode,
     lock_id, tail, window)
 end
 
@@ -101,10 +103,11 @@ if side ~= 'write' then
   end
   if all ~= '1' and mine.count > 1 then
     mine.count, mine.op = mine.count - 1, op
-    redis.call('HSET', hold, 's', fl_rw_readers(state))
+    state.mine_changed = true
+    fl_rw_put_reads(hold, reads, state)
     return {1, mine.count}
   end
-  state.mine = nil
+  state.mine, state.mine_changed = nil, true
   state.readers = state.readers - 1
   settle(fl_freed_chain(op, fields[6], CHAIN))
   return {1, 0}
@@ -150,8 +153,9 @@ local function hand_over(place)
   state.writer, state.ends = successor, now_ms + successor_lease
   redis.call('HSET', hold, 'o', successor, 'c', '1', 'f', next_token, 'l', ARGV[12],
     'r', successor_waiter, 'x', freed_by, 'g', successor_waiter,
-    'e', string.format('%d', state.ends), 's', fl_rw_readers(state), 'i', successor_inbox)
-  fl_rw_keep(hold, state, now_ms, window)
+    'e', string.format('%d', state.ends), 'i', successor_inbox)
+  fl_rw_put_reads(hold, reads, state)
+  fl_rw_keep(hold, reads, state, now_ms, window)
   if head then
     fl_rw_leave(queue, successor_waiter, place)
   end
@@ -161,7 +165,7 @@ end
 -- A successor that holds a read hold itself asks for an upgrade, which its own attempt refuses:
 -- it is not named here; nor is a reader (only the write side takes a write release over).
 if successor == '' or string.byte(successor_waiter, 1) ~= 119 or
-    (successor == owner and state.mine) or fl_find_word(state.others, successor, 10, 32) then
+    fl_rw_holds_read(reads, successor, now_ms) then
   settle(freed_by)
   return {1, 0}
 end

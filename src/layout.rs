@@ -33,7 +33,7 @@ use crate::keys::Keyspace;
 
 /// Version of the key layout; part of the record, so clients of another layout version are
 /// refused too.
-const VERSION: &str = "v11";
+const VERSION: &str = "v12";
 
 /// One client's layout and what it knows of the server's.
 #[derive(Debug)]
@@ -175,10 +175,10 @@ mod tests {
         }
         for foreign in [
             "",
-            "v10 shards=1 notification=stream",
-            "v11 shards=x notification=stream",
-            "v11 shards=1 notification=poll",
-            "v11 shards=1 notification=stream extra",
+            "v11 shards=1 notification=stream",
+            "v12 shards=x notification=stream",
+            "v12 shards=1 notification=poll",
+            "v12 shards=1 notification=stream extra",
         ] {
             assert_eq!(recorded_layout(foreign), None, "{foreign:?}");
         }

@@ -38,6 +38,10 @@ pub(crate) trait RedisQueue: Send + Sync + 'static {
     /// The keys the heartbeat script reads for this lock (`lua/hold_heartbeat.lua`,
     /// `lua/rw_heartbeat.lua`).
     fn place_keys(&self) -> Vec<String>;
+    /// Whether the heartbeat vouches for this lock's waiters (the read-write lock and the
+    /// semaphore, `lua/rw_heartbeat.lua`) rather than only checking their places
+    /// (`lua/hold_heartbeat.lua`).
+    fn vouches_for_waiters(&self) -> bool;
     /// Leaves the Redis-side wait queue after a timeout or cancellation.
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>>;
 }
@@ -101,7 +105,7 @@ async fn beat(ctx: &Arc<Context>, queued: &QueuedWaiters, waiters: &Arc<WaiterTa
         let queue_keys = lock.queue_keys();
         let keys = queue_keys.lock();
         shards
-            .entry((keys.shard(), keys.kind() == "rw"))
+            .entry((keys.shard(), lock.vouches_for_waiters()))
             .or_default()
             .entry(keys.id().clone())
             .or_insert_with(|| (lock.clone(), Vec::new()))

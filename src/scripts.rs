@@ -356,11 +356,21 @@ pub(crate) enum Key {
     Events = 4,
     /// A count-down latch's record of the calls that changed it lately (`lua/lib/latch.lua`).
     Ops = 5,
+    /// The ends of a read-write lock's (or a semaphore's) read holds, a sorted set
+    /// (`lua/lib/rw.lua`).
+    Reads = 6,
 }
 
 impl Key {
     /// Every role, in the canonical order.
-    const ALL: [Key; 5] = [Key::Hold, Key::Queue, Key::Fence, Key::Events, Key::Ops];
+    const ALL: [Key; 6] = [
+        Key::Hold,
+        Key::Queue,
+        Key::Fence,
+        Key::Events,
+        Key::Ops,
+        Key::Reads,
+    ];
 }
 
 /// The name of the [`Key::Queue`] key of a lock.
@@ -368,6 +378,9 @@ const QUEUE: &str = "wait";
 
 /// The name of the [`Key::Ops`] key of a latch.
 const OPS: &str = "op";
+
+/// The name of the [`Key::Reads`] key of a read-write lock or a semaphore.
+const READS: &str = "read";
 
 /// The KEYS of one lock's scripts, in the canonical order: the one place that orders them.
 /// Key names are built per call (a lock handle stays small; a call allocates its keys anyway).
@@ -394,6 +407,7 @@ impl<'a> ScriptKeys<'a> {
             Key::Fence => self.lock.fence().to_owned(),
             Key::Events => self.lock.events().to_owned(),
             Key::Ops => self.lock.key(OPS),
+            Key::Reads => self.lock.key(READS),
         }
     }
 
@@ -403,6 +417,20 @@ impl<'a> ScriptKeys<'a> {
             .iter()
             .map(|&role| self.key(role))
             .collect()
+    }
+
+    /// The KEYS of a script that works on this one lock: through the shard's events key, and
+    /// for a read-write lock or a semaphore through the ends of its read holds (`lua/README.md`).
+    pub(crate) fn of_calls(&self) -> Vec<String> {
+        match self.lock.kind() {
+            "rw" | "sem" => self.through(Key::Reads),
+            _ => self.through(Key::Events),
+        }
+    }
+
+    /// The keys of `roles`, in that order: one lock's group in a batch script.
+    pub(crate) fn of(&self, roles: &[Key]) -> Vec<String> {
+        roles.iter().map(|&role| self.key(role)).collect()
     }
 }
 
@@ -620,6 +648,7 @@ mod tests {
         ("fence", Key::Fence),
         ("events", Key::Events),
         ("ops", Key::Ops),
+        ("reads", Key::Reads),
     ];
 
     /// Position of each shared ARGV role (`lua/README.md`); other names are a script's own.

@@ -55,6 +55,8 @@ const ACL_CLIENT_COMMANDS: &[&str] = &[
 const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "del",
     "exists",
+    "hdel",
+    "hget",
     "hmget",
     "hset",
     "pexpire",
@@ -77,6 +79,7 @@ const ACL_SCRIPT_COMMANDS: &[&str] = &[
     "zrange",
     "zrangebyscore",
     "zrem",
+    "zrevrange",
     "zscore",
 ];
 

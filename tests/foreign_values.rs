@@ -465,6 +465,7 @@ async fn foreign_values_under_every_key_are_refused_and_left_alone() {
         ("rw", "readers", false),
         ("rw", "queue", false),
         ("rw", "wait", false),
+        ("rw", "read", false),
         ("rw", "alive", false),
         ("rw", "bids", false),
         ("rw", "done", false),

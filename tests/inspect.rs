@@ -216,7 +216,7 @@ async fn a_tool_connects_with_the_recorded_layout() {
     server.cmd(&[
         "SET",
         &layout_key("damaged"),
-        "v11 shards=60000 notification=stream",
+        "v12 shards=60000 notification=stream",
     ]);
     server.cmd(&[
         "SET",

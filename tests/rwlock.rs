@@ -1045,18 +1045,21 @@ fn assert_no_leftovers(server: &RedisServer, prefix: &str, name: &str) {
     let deadline = std::time::Instant::now() + HANG;
     let hash = key(prefix, name);
     loop {
-        let held: Vec<String> = ["o", "s"]
+        let held: Vec<String> = ["o"]
             .iter()
             .map(|f| field(server, prefix, name, f))
             .filter(|value| !value.is_empty())
             .collect();
         let queued = server.cmd(&["EXISTS", &queue_key(prefix, name)]).as_int();
-        if held.is_empty() && queued == 0 {
+        let reading = server
+            .cmd(&["EXISTS", &format!("{{{prefix}:0}}:rw.read:{name}")])
+            .as_int();
+        if held.is_empty() && queued == 0 && reading == 0 {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "holds or waiters left behind: {held:?}, queue: {queued}"
+            "holds or waiters left behind: {held:?}, queue: {queued}, read holds: {reading}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }

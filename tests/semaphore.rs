@@ -242,3 +242,47 @@ async fn another_permit_count_is_refused_while_in_use() {
     })
     .await;
 }
+
+/// A queued waiter's client vouches for it while it waits: its heartbeat moves the waiter's
+/// time in the queue on (`lua/rw_heartbeat.lua`), so a waiter that waits for several waiter
+/// leases keeps its place, and the permit freed after them goes to it, not to a waiter that
+/// queued later. (Were it not vouched for, the scripts would drop it as dead once its first
+/// waiter lease ran out, and it would queue again behind the later one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_place_past_several_waiter_leases() {
+    support::init_tracing();
+    let server = support::RedisServer::start();
+    for mode in support::MODES {
+        let prefix = format!("sem-vouched-{}", mode.as_str());
+        let mut config = support::config(&server, &prefix, mode);
+        config.waiter_lease = Duration::from_secs(1);
+        let holder = LockClient::connect(config.clone()).await.unwrap();
+        let patient = LockClient::connect(config.clone()).await.unwrap();
+        let later = LockClient::connect(config).await.unwrap();
+        let semaphore = holder.semaphore("vouched", 1).unwrap();
+        let held = semaphore
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("the free permit");
+        let first = queued(&patient, "vouched", 1).await;
+        // Three and a half waiter leases: only the heartbeat keeps the first waiter queued.
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        let second = queued(&later, "vouched", 1).await;
+        held.unlock().await.unwrap();
+        let guard = joined("the first waiter's permit", first).await;
+        assert!(
+            !second.is_finished(),
+            "{mode:?}: the later waiter went first"
+        );
+        guard.unlock().await.unwrap();
+        joined("the later waiter's permit", second)
+            .await
+            .unlock()
+            .await
+            .unwrap();
+        for client in [holder, patient, later] {
+            client.shutdown().await.unwrap();
+        }
+    }
+}

@@ -3,28 +3,30 @@
 -- own.
 --
 -- One hash per read-write lock (KEYS[1]) holds its holds, with the fields, tokens and tombstone
--- of the exclusive locks (lib/hold.lua); its wait queue is a sorted set beside it (KEYS[2]):
+-- of the exclusive locks (lib/hold.lua); the ends of its read holds (KEYS[6]) and its wait queue
+-- (KEYS[2]) are sorted sets beside it:
 --   o c f l r x g  the write hold and the retry records, as in lib/hold.lua (f: the latest
 --                  token the lock issued, to a write or a read hold). t is never set: the
 --                  write side's hand-overs are bounded by the head's wait alone (rw_release.lua)
 --   e  the write hold's lease end, server clock in ms ("" without a writer). The hash's ttl is
 --      the latest end of any of its holds, so a writer's own read hold (a downgrade) may keep
 --      the hash past the write hold's lease: the write hold counts only while e is ahead
---   s  the read holds, one line per owner: "<owner> <count> <token> <end ms> <op> <waiter>\n":
---      its re-entry depth, its token (drawn when the owner's read hold began, as a write
---      hold's is: max(f + 1, server clock in us), so no two read holds of a lock share one and
---      a stale call of an ended read hold is refused; a downgrade carries its write hold's
---      token), its lease end
---      (server ms), the op id of the last call applied to it, and the waiter id a release
---      granted it under ("-" for a read hold its owner took by an attempt). A line counts only
---      while its end is ahead; the scripts drop lapsed lines as they meet them
+--   =<owner id>  one field per read hold (one per owner): "<count> <token> <op> <waiter>": its
+--      re-entry depth, its token (drawn when the owner's read hold began, as a write hold's
+--      is: max(f + 1, server clock in us), so no two read holds of a lock share one and a
+--      stale call of an ended read hold is refused; a downgrade carries its write hold's
+--      token), the op id of the last call applied to it, and the waiter id a release granted
+--      it under ("-" for a read hold its owner took by an attempt). Its end is its score in
+--      the read holds' sorted set (KEYS[6], "reads": member the owner id, score the lease end
+--      in server ms). A read hold counts only while its end is ahead; the first call that
+--      writes the lock after it lapsed drops both (fl_rw_put_reads)
 --   i  the inbox tag of the write holder's client when it asked to hear of the hold's first
 --      waiter, as in lib/hold.lua (rw_acquire.lua, ARGV[12]): a writer's take sets it, a grant
 --      to a writer clears it, a write hand-over gives it to the successor's client, and the
 --      call that queues the first waiter behind a live write hold sends the notice and clears it
 --   n  the permit count of a semaphore (src/lock/semaphore.rs), which is this lock's read side
 --      with at most n read holds at once and no writer (every acquisition has an owner of its
---      own, so one read line is one permit): a grant then stops at n live read holds, and
+--      own, so one read hold is one permit): a grant then stops at n live read holds, and
 --      waiters queue once n are held. Set by rw_acquire.lua (ARGV[13]); absent on a read-write
 --      lock, which has no bound
 -- The wait queue (KEYS[2], "queue", same hash tag) is a sorted set, as the exclusive locks'
@@ -47,6 +49,14 @@
 -- the retry window has passed).
 -- Waiters of both sides share the queue: a reader's waiter id starts with "r", a writer's with
 -- "w" (then the client's inbox tag, ".", an op id: src/lock/rwlock.rs).
+-- The read holds are kept apart from the hash's fixed fields for the reason the queue is: as
+-- text in one field, every call read and rebuilt all of them, and matched a pattern over each
+-- (a take with 256 read holds live cost the server 0.4 ms). Each call now reads its own
+-- owner's field with the hash's one HMGET, and the sorted set answers in O(log n) what it
+-- asks of the others: how many are live (ZCARD, less the lapsed ones ZRANGEBYSCORE finds), the
+-- latest end (ZREVRANGE, for the hash's ttl and a waiter's bound) and the earliest one (a
+-- semaphore's bound). The set's ttl is the hash's (the latest end of any hold). A set left
+-- behind by a hash that is gone is deleted by the next call that writes the lock.
 -- A writer at the head of the queue is granted the lock alone, once no read hold is left; the
 -- readers at the head, up to the first writer, are granted read holds together (a wave), with
 -- one event per client: "0|grants|<queued>,<waiter>:<grant ms>:<token>,...|<lock id>" (queued:
@@ -59,22 +69,30 @@
 -- The hash's ttl is the latest end of its holds, or the retry window once none is left (the
 -- tombstone of lib/hold.lua, which keeps f and the freed-by chain x).
 --
--- fl_rw_read(hold)                   -> the fields {o, c, f, l, r, x, g, e, s, n} (one HMGET:
---                                       a typed read), with o = false when "" or lapsed is not
---                                       known yet (see fl_rw_state)
--- fl_rw_state(fields, now_ms, owner) -> the live state: {writer (owner id or false), ends (the
---                                       write hold's end, 0 without), mine (owner's read line:
---                                       {count, token, ends, op, waiter} or nil), others (the
---                                       live lines of the other owners, as text), last (their
---                                       latest end, 0 if none), first (the earliest end of a
---                                       live read hold, mine included, 0 if none), readers (live
---                                       read holds, mine included), cap (n, or nil), changed (a
---                                       lapsed hold was dropped)}
--- fl_rw_line(owner, count, token, ends, op, waiter) -> one line of s
--- fl_rw_readers(state)              -> s as it is to be written: the others' lines and mine
+-- fl_rw_read(hold, owner)            -> the fields {o, c, f, l, r, x, g, e, n, =<owner>} (one
+--                                       HMGET: a typed read), with o = false when "" or lapsed is
+--                                       not known yet (see fl_rw_state)
+-- fl_rw_state(reads, fields, now_ms, owner) -> the live state: {writer (owner id or false), ends
+--                                       (the write hold's end, 0 without), mine (owner's read
+--                                       hold: {count, token, ends, op, waiter} or nil), last (the
+--                                       latest end of the other owners' live read holds, 0 if
+--                                       none), readers (live read holds, mine included), cap (n,
+--                                       or nil), changed (a lapsed hold is to be dropped)}; the
+--                                       read holds' typed read. A call that changes mine sets
+--                                       state.mine_changed, and fl_rw_put_reads writes it
+-- fl_rw_put_reads(hold, reads, state) drops the lapsed read holds state found, and writes
+--                                       mine when it changed (or its removal)
+-- fl_rw_add_reads(hold, reads, holds) adds read holds {owner, count, token, ends, op, waiter}
+-- fl_rw_drop_reads(hold, reads, owners) removes the read holds of these owners
+-- fl_rw_holds_read(reads, owner, now_ms) -> whether the owner holds a live read hold
+-- fl_rw_read_of(hold, reads, waiter, now_ms) -> the owner of the live read hold a release
+--                                       granted under this waiter id, or nil (walks the read
+--                                       holds: for the paths that know the waiter id alone)
+-- fl_rw_first(reads, now_ms)         -> the earliest end of a live read hold (ms), 0 if none
 -- fl_rw_last(state)                 -> the latest end of every hold in state (ms)
--- fl_rw_keep(hold, state, now_ms, window) sets the hash's ttl: to the latest end of its holds,
---                                       or to the retry window when none is left
+-- fl_rw_keep(hold, reads, state, now_ms, window) sets the ttl of the hash and of the read
+--                                       holds' set: to the latest end of its holds, or the hash's
+--                                       to the retry window when none is left
 -- fl_rw_head(queue)                  -> the first place of the queue and its score (us), or nil
 -- fl_rw_queue_head(queue, fields, now_ms) -> fl_rw_head, after dropping the waiters whose time
 --                                       passed, or deleting the queue when the hash is gone
@@ -89,14 +107,14 @@
 --                                       the queue is then searched for it)
 -- fl_rw_due(since, now_us, limit)    -> whether a waiter queued at `since` (us) has waited limit
 --                                       ms or more (always with limit 0)
--- fl_rw_settle(hold, queue, head, f, state, now_us, x, events, mode, lock_id, tail, window)
+-- fl_rw_settle(hold, queue, reads, head, f, state, now_us, x, events, mode, lock_id, tail, window)
 --   -> what fl_rw_grant returns. After a call ended or dropped holds (state is what is left;
 --   head: the queue's first place, nil when nobody waits): grants the queue its turn when no
 --   write hold is live (fl_rw_grant), and otherwise, or when nothing was granted, writes the
 --   lock as it is: the freed-by chain x, the read holds, no write hold unless one is live,
 --   state.f when set (a release's floor, or the token of a failed grant), the ttl (the retry
 --   window when no hold is left: the tombstone), and `tail` queued
--- fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_id, tail, window)
+-- fl_rw_grant(hold, queue, reads, f, state, now_us, x, events, mode, lock_id, tail, window)
 --   -> "w" (a writer was granted the lock), "r" (readers were granted read holds, or woken to
 --   re-enter) or false (nothing granted: the queue is empty or held only waiters whose client
 --   is gone, or its head is a writer and read holds are left). state.f is then the lock's f.
@@ -111,17 +129,22 @@
 --   writer's hold lasts its grant ms and each reader's its own.
 local FL_RW_PLACES = '(100000000000000'
 
-local function fl_rw_read(hold)
-  local v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'g', 'e', 's', 'n')
+local function fl_rw_read(hold, owner)
+  local v
+  if owner ~= '' then
+    v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'g', 'e', 'n', '=' .. owner)
+  else
+    v = redis.call('HMGET', hold, 'o', 'c', 'f', 'l', 'r', 'x', 'g', 'e', 'n')
+  end
   if v[1] == '' then
     v[1] = false
   end
   return v
 end
 
-local function fl_rw_state(fields, now_ms, owner)
-  local state = {owner = owner, writer = false, ends = 0, others = '', last = 0, first = 0,
-    readers = 0, cap = tonumber(fields[10]), changed = false}
+local function fl_rw_state(reads, fields, now_ms, owner)
+  local state = {owner = owner, writer = false, ends = 0, last = 0, readers = 0,
+    cap = tonumber(fields[9]), changed = false}
   if fields[1] then
     local ends = tonumber(fields[8]) or 0
     if ends > now_ms then
@@ -130,65 +153,118 @@ local function fl_rw_state(fields, now_ms, owner)
       state.changed = true
     end
   end
-  local s = fields[9]
-  if not s or s == '' then
+  local count = fl_queue_call(reads, 'ZCARD')
+  if count == 0 then
     return state
   end
-  -- One pass that captures each line's end and position but not its text, and the owner's
-  -- line found by a plain search (a line starts with its owner id and a space): Redis's Lua
-  -- hashes every byte of every string a script builds, so capturing every line and its
-  -- fields, and joining the others' lines again, cost the server more than the rest of a
-  -- call with a dozen readers. The others' lines are rebuilt only when one is dropped.
-  local mine_at = owner ~= '' and fl_find_word(s, owner, 10, 32) or nil
-  local lapsed, covered = false, 0
-  for at, ends, stop in string.gmatch(s, '()%S+ %d+ %d+ (%d+) %S+ %S+\n()') do
-    ends = tonumber(ends)
-    covered = covered + stop - at
-    if ends <= now_ms then
-      lapsed = true
-    else
-      state.readers = state.readers + 1
-      if state.first == 0 or ends < state.first then
-        state.first = ends
-      end
-      if at == mine_at then
-        local count, token, op, waiter = string.match(s, '^%S+ (%d+) (%d+) %d+ (%S+) (%S+)\n', at)
-        state.mine = {count = tonumber(count), token = token, ends = ends, op = op, waiter = waiter}
-      elseif ends > state.last then
-        state.last = ends
-      end
-    end
+  if not fields[3] then
+    -- Left behind by a hash that is gone: none of them counts, and the set goes.
+    state.stale = true
+    return state
   end
-  if lapsed or covered ~= #s then
-    -- Lapsed lines, or text that is no line (which these scripts never write), are dropped.
-    state.changed = true
-    local kept = {}
-    for at, ends, stop in string.gmatch(s, '()%S+ %d+ %d+ (%d+) %S+ %S+\n()') do
-      if tonumber(ends) > now_ms and at ~= mine_at then
-        kept[#kept + 1] = string.sub(s, at, stop - 1)
-      end
+  local now = string.format('%d', now_ms)
+  local lapsed = redis.call('ZRANGEBYSCORE', reads, '-inf', now)
+  if lapsed[1] then
+    state.lapsed, state.changed = lapsed, true
+  end
+  state.readers = count - #lapsed
+  if state.readers == 0 then
+    return state
+  end
+  local top = redis.call('ZREVRANGE', reads, '0', '1', 'WITHSCORES')
+  local last = top[1] == owner and tonumber(top[4] or 0) or tonumber(top[2])
+  if last > now_ms then
+    state.last = last
+  end
+  local detail = fields[10]
+  if detail then
+    local ends = tonumber(redis.call('ZSCORE', reads, owner) or 0)
+    local count_, token, op, waiter = string.match(detail, '^(%d+) (%d+) (%S+) (%S+)$')
+    if ends > now_ms and count_ then
+      state.mine = {count = tonumber(count_), token = token, ends = ends, op = op,
+        waiter = waiter}
     end
-    state.others = table.concat(kept)
-  elseif state.mine then
-    local stop = string.find(s, '\n', mine_at, true)
-    state.others = string.sub(s, 1, mine_at - 1) .. string.sub(s, stop + 1)
-  else
-    state.others = s
+    state.had_mine = true
   end
   return state
 end
 
-local function fl_rw_line(owner, count, token, ends, op, waiter)
-  return string.format('%s %d %s %d %s %s\n', owner, count, token, ends, op, waiter)
+local function fl_rw_detail(count, token, op, waiter)
+  return string.format('%d %s %s %s', count, token, op, waiter)
 end
 
-local function fl_rw_readers(state)
-  local mine = state.mine
-  if not mine then
-    return state.others
+local function fl_rw_drop_reads(hold, reads, owners)
+  if not owners[1] then
+    return
   end
-  return state.others .. fl_rw_line(state.owner, mine.count, mine.token, mine.ends, mine.op,
-    mine.waiter)
+  local fields = {}
+  for i, owner in ipairs(owners) do
+    fields[i] = '=' .. owner
+  end
+  for from = 1, #owners, 200 do
+    local to = math.min(from + 199, #owners)
+    redis.call('ZREM', reads, unpack(owners, from, to))
+    redis.call('HDEL', hold, unpack(fields, from, to))
+  end
+end
+
+local function fl_rw_add_reads(hold, reads, holds)
+  for from = 1, #holds, 100 do
+    local details, ends = {}, {}
+    for i = from, math.min(from + 99, #holds) do
+      local h = holds[i]
+      details[#details + 1] = '=' .. h.owner
+      details[#details + 1] = fl_rw_detail(h.count, h.token, h.op, h.waiter)
+      ends[#ends + 1] = string.format('%d', h.ends)
+      ends[#ends + 1] = h.owner
+    end
+    redis.call('HSET', hold, unpack(details))
+    redis.call('ZADD', reads, unpack(ends))
+  end
+end
+
+local function fl_rw_put_reads(hold, reads, state)
+  if state.stale then
+    redis.call('DEL', reads)
+    state.stale = nil
+  end
+  if state.lapsed then
+    fl_rw_drop_reads(hold, reads, state.lapsed)
+    state.lapsed = nil
+  end
+  if state.mine_changed then
+    local mine = state.mine
+    if mine then
+      fl_rw_add_reads(hold, reads, {{owner = state.owner, count = mine.count,
+        token = mine.token, ends = mine.ends, op = mine.op, waiter = mine.waiter}})
+    elseif state.had_mine then
+      fl_rw_drop_reads(hold, reads, {state.owner})
+    end
+    state.had_mine = mine ~= nil
+    state.mine_changed = nil
+  end
+end
+
+local function fl_rw_holds_read(reads, owner, now_ms)
+  local ends = redis.call('ZSCORE', reads, owner)
+  return ends ~= false and tonumber(ends) > now_ms
+end
+
+local function fl_rw_read_of(hold, reads, waiter, now_ms)
+  local owners = redis.call('ZRANGEBYSCORE', reads, '(' .. string.format('%d', now_ms), '+inf')
+  for _, owner in ipairs(owners) do
+    local detail = redis.call('HGET', hold, '=' .. owner)
+    if detail and string.match(detail, ' (%S+)$') == waiter then
+      return owner
+    end
+  end
+  return nil
+end
+
+local function fl_rw_first(reads, now_ms)
+  local first = redis.call('ZRANGEBYSCORE', reads, '(' .. string.format('%d', now_ms), '+inf',
+    'WITHSCORES', 'LIMIT', '0', '1')
+  return tonumber(first[2]) or 0
 end
 
 local function fl_rw_last(state)
@@ -199,10 +275,14 @@ local function fl_rw_last(state)
   return last
 end
 
-local function fl_rw_keep(hold, state, now_ms, window)
+local function fl_rw_keep(hold, reads, state, now_ms, window)
   local last = fl_rw_last(state)
   if last > now_ms then
-    redis.call('PEXPIRE', hold, string.format('%d', math.ceil(last - now_ms)))
+    local ttl = string.format('%d', math.ceil(last - now_ms))
+    redis.call('PEXPIRE', hold, ttl)
+    if state.readers > 0 or state.mine then
+      redis.call('PEXPIRE', reads, ttl)
+    end
   else
     redis.call('PEXPIRE', hold, window)
   end
@@ -288,10 +368,13 @@ local function fl_rw_due(since, now_us, limit)
   return limit <= 0 or since <= now_us - limit * 1000
 end
 
-local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_id, tail, window)
+local function fl_rw_grant(hold, queue, reads, f, state, now_us, x, events, mode, lock_id, tail,
+    window)
   local now_ms = math.floor(now_us / 1000)
   local wave, woken, held = {}, {}, {}
-  local lines, readers = {}, state.readers
+  local readers = state.readers
+  -- The lapsed read holds go first: a reader granted now may be of an owner whose hold lapsed.
+  fl_rw_put_reads(hold, reads, state)
   -- Every hold granted here draws its own token above the last: max(last + 1, clock).
   local last = tonumber(f) or 0
   local function next_token()
@@ -326,13 +409,12 @@ local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_
         -- A reader: granted a read hold with the others of the wave.
         done[#done + 1], done[#done + 2] = place, waiter
         if held[owner] or (state.mine and state.owner == owner) or
-            fl_find_word(state.others, owner, 10, 32) then
+            fl_rw_holds_read(reads, owner, now_ms) then
           woken[#woken + 1] = {inbox, waiter}
         else
           held[owner] = true
           local token = next_token()
           local ends = now_ms + tonumber(lasts)
-          lines[#lines + 1] = fl_rw_line(owner, 1, token, ends, waiter, waiter)
           wave[#wave + 1] = {inbox, waiter, lasts, owner, ends, token}
         end
       elseif #wave == 0 and #woken == 0 and readers == 0 then
@@ -343,14 +425,14 @@ local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_
         local text = next_token()
         local ends = now_ms + tonumber(lasts)
         redis.call('HSET', hold, 'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter,
-          'x', x, 'g', waiter, 'e', string.format('%d', ends), 's', fl_rw_readers(state), 'i', '')
+          'x', x, 'g', waiter, 'e', string.format('%d', ends), 'i', '')
         state.f = text
         join_tail()
         local queued = fl_rw_count(queue)
         if fl_emit_to(events .. ':to:' .. inbox, mode,
             '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
           state.writer, state.ends = owner, ends
-          fl_rw_keep(hold, state, now_ms, window)
+          fl_rw_keep(hold, reads, state, now_ms, window)
           return 'w'
         end
         -- Its client is gone: the next waiter's turn (the hash is written again; f stays
@@ -369,8 +451,11 @@ local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_
     join_tail()
     return false
   end
-  local others_before, last_before = state.others, state.last
-  state.others = state.others .. table.concat(lines)
+  local last_before, added = state.last, {}
+  for _, reader in ipairs(wave) do
+    added[#added + 1] = {owner = reader[4], count = 1, token = reader[6], ends = reader[5],
+      op = reader[2], waiter = reader[2]}
+  end
   for _, reader in ipairs(wave) do
     if reader[5] > state.last then
       state.last = reader[5]
@@ -379,9 +464,9 @@ local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_
   state.readers = state.readers + #wave
   state.f = string.format('%d', last)
   -- No write hold is left (the caller grants only then): its fields go with the same write.
-  redis.call('HSET', hold, 's', fl_rw_readers(state), 'x', x, 'f', state.f,
-    'o', '', 'c', '0', 'g', '', 'e', '')
-  fl_rw_keep(hold, state, now_ms, window)
+  fl_rw_add_reads(hold, reads, added)
+  redis.call('HSET', hold, 'x', x, 'f', state.f, 'o', '', 'c', '0', 'g', '', 'e', '')
+  fl_rw_keep(hold, reads, state, now_ms, window)
   join_tail()
   local queued = fl_rw_count(queue)
   -- One event per client: its granted readers, then its readers woken by name.
@@ -407,22 +492,23 @@ local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_
     fl_emit_to(events .. ':to:' .. reader[1], mode, '0|name|' .. reader[2] .. '|' .. lock_id)
   end
   if next(gone) then
-    -- Read holds granted to clients that are gone: taken back (their lines dropped).
-    local kept = {}
+    -- Read holds granted to clients that are gone: taken back.
+    local kept, dropped = {}, {}
     state.last = last_before
     for _, reader in ipairs(wave) do
       if not gone[reader[1]] then
-        kept[#kept + 1] = fl_rw_line(reader[4], 1, reader[6], reader[5], reader[2], reader[2])
+        kept[#kept + 1] = reader
         state.last = math.max(state.last, reader[5])
+      else
+        dropped[#dropped + 1] = reader[4]
       end
     end
-    state.others = others_before .. table.concat(kept)
+    fl_rw_drop_reads(hold, reads, dropped)
     state.readers = state.readers - #wave + #kept
-    redis.call('HSET', hold, 's', fl_rw_readers(state))
-    fl_rw_keep(hold, state, now_ms, window)
+    fl_rw_keep(hold, reads, state, now_ms, window)
     if (#kept == 0 and state.readers == 0) or (state.cap and state.readers < state.cap) then
       -- Nobody of the wave was there, or a semaphore's permits are left: the next in line.
-      local granted = fl_rw_grant(hold, queue, state.f, state, now_us, x, events, mode,
+      local granted = fl_rw_grant(hold, queue, reads, state.f, state, now_us, x, events, mode,
         lock_id, nil, window)
       if granted or #kept == 0 then
         return granted
@@ -432,29 +518,30 @@ local function fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_
   return 'r'
 end
 
-local function fl_rw_settle(hold, queue, head, f, state, now_us, x, events, mode, lock_id, tail,
-    window)
+local function fl_rw_settle(hold, queue, reads, head, f, state, now_us, x, events, mode,
+    lock_id, tail, window)
   local granted = false
   if head and not state.writer then
-    granted = fl_rw_grant(hold, queue, f, state, now_us, x, events, mode, lock_id, tail, window)
+    granted = fl_rw_grant(hold, queue, reads, f, state, now_us, x, events, mode, lock_id, tail,
+      window)
     tail = nil
   end
   if not granted then
     -- One HSET: the chain, the read holds, the write hold's fields cleared unless it is live,
     -- and f when the call moved it (a release's floor; grants to waiters whose client was gone
     -- wrote theirs already, and write it again).
-    local args = {'x', x, 's', fl_rw_readers(state),
-      false, false, false, false, false, false, false, false, false, false}
-    local n = 4
+    fl_rw_put_reads(hold, reads, state)
+    local args = {'x', x, false, false, false, false, false, false, false, false, false, false}
+    local n = 2
     if not state.writer then
-      args[5], args[6], args[7], args[8], args[9], args[10], args[11], args[12], n =
-        'o', '', 'c', '0', 'g', '', 'e', '', 12
+      args[3], args[4], args[5], args[6], args[7], args[8], args[9], args[10], n =
+        'o', '', 'c', '0', 'g', '', 'e', '', 10
     end
     if state.f then
       args[n + 1], args[n + 2], n = 'f', state.f, n + 2
     end
     redis.call('HSET', hold, unpack(args, 1, n))
-    fl_rw_keep(hold, state, math.floor(now_us / 1000), window)
+    fl_rw_keep(hold, reads, state, math.floor(now_us / 1000), window)
     if tail then
       fl_rw_join(queue, tail.member, tail.waiter, tail.alive, tail.ttl)
     end

@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
-use crate::scripts::{Key, Script, ScriptArgs, ScriptKeys, SCRIPTS};
+use crate::scripts::{Script, ScriptArgs, ScriptKeys, SCRIPTS};
 
 /// How many holders and waiters an inspection lists at most (each; the totals are exact).
 pub const INSPECT_LIMIT: usize = 100;
@@ -251,7 +251,7 @@ async fn describe(ctx: &Context, keys: &LockKeys, script: &Script) -> Result<Rep
     let args = ScriptArgs::no_call()
         .events(ctx.event_args(keys))
         .extra([limit]);
-    let script_keys = ScriptKeys::new(keys).through(Key::Events);
+    let script_keys = ScriptKeys::new(keys).of_calls();
     let value = ctx
         .run(script, keys.name(), script_keys, args.into_vec())
         .await?;

@@ -566,6 +566,10 @@ impl RedisQueue for ExclusiveDriver {
         self.script_keys().through(Key::Queue)
     }
 
+    fn vouches_for_waiters(&self) -> bool {
+        false
+    }
+
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {
         let (engine, keys) = (self.engine.clone(), self.keys.clone());
         leave_queue(engine, keys, &SCRIPTS.hold_leave, waiter)

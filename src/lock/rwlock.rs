@@ -249,7 +249,7 @@ impl RwDriver {
             &self.engine.ctx,
             script,
             self.keys.name(),
-            self.renew_keys(),
+            self.script_keys(),
             vec![],
         )
         .await?;
@@ -259,9 +259,9 @@ impl RwDriver {
         }
     }
 
-    /// `KEYS[1..=4]` of the `rw_*` scripts that change the lock.
+    /// `KEYS[1..=6]` of the `rw_*` scripts that work on one lock.
     fn script_keys(&self) -> Vec<String> {
-        ScriptKeys::new(&self.keys).through(Key::Events)
+        ScriptKeys::new(&self.keys).of_calls()
     }
 
     fn retry_window_ms(&self) -> i64 {
@@ -344,6 +344,11 @@ impl HoldKind for RwDriver {
 
     fn renew_script(&self) -> &'static Script {
         &SCRIPTS.rw_renew
+    }
+
+    /// The hash and the read holds' ends (`lua/rw_renew.lua`).
+    fn renew_keys(&self) -> Vec<String> {
+        ScriptKeys::new(&self.keys).of(&[Key::Hold, Key::Reads])
     }
 
     fn renew_args(&self, owner: &Owner, token: u64) -> Vec<Value> {
@@ -472,9 +477,13 @@ impl RedisQueue for RwDriver {
         ScriptKeys::new(&self.keys)
     }
 
-    /// The hash and the queue (`lua/rw_heartbeat.lua`).
+    /// The hash, the queue and the read holds' ends (`lua/rw_heartbeat.lua`).
     fn place_keys(&self) -> Vec<String> {
-        ScriptKeys::new(&self.keys).through(Key::Queue)
+        ScriptKeys::new(&self.keys).of(&[Key::Hold, Key::Queue, Key::Reads])
+    }
+
+    fn vouches_for_waiters(&self) -> bool {
+        true
     }
 
     fn leave(&self, waiter: Arc<str>) -> BoxFuture<'static, Result<()>> {

@@ -904,8 +904,12 @@ pub(crate) fn ints_of(values: &[i64]) -> Resp {
 pub(crate) const RW_HOLD: &str = "{t:0}:rw:x";
 /// The wait queue of read-write lock `x`, a sorted set beside its hash (`lua/lib/rw.lua`).
 pub(crate) const RW_QUEUE: &str = "{t:0}:rw.wait:x";
-/// The KEYS of the read-write scripts that work on one lock (`through(Key::Events)`).
-pub(crate) const RW_KEYS: [&str; 4] = [RW_HOLD, RW_QUEUE, FENCE, EVENTS];
+/// What the client passes at the `ops` position (`KEYS[5]`, unused): no script may create it.
+pub(crate) const RW_OPS: &str = "{t:0}:rw.op:x";
+/// The ends of the read holds of read-write lock `x`, a sorted set (`lua/lib/rw.lua`).
+pub(crate) const RW_READS: &str = "{t:0}:rw.read:x";
+/// The KEYS of the read-write scripts that work on one lock (`through(Key::Reads)`).
+pub(crate) const RW_KEYS: [&str; 6] = [RW_HOLD, RW_QUEUE, FENCE, EVENTS, RW_OPS, RW_READS];
 pub(crate) const RW_LOCK_ID: &str = "rw:x";
 /// How far (ms) the expiry time of the hash may lie from the end it is meant to have: the
 /// scripts compute ends from the server clock in whole ms, Redis sets the expiry from its own
@@ -1109,8 +1113,11 @@ fn hash_times(server: &RedisServer) -> BTreeMap<String, i64> {
     if server.cmd(&["TYPE", RW_HOLD]).as_str().as_deref() != Some("hash") {
         return times;
     }
-    let fields = server.cmd(&["HMGET", RW_HOLD, "e", "s"]).as_array();
-    let [e, s] = [0, 1].map(|i| fields[i].as_str().unwrap_or_default());
+    let e = server
+        .cmd(&["HGET", RW_HOLD, "e"])
+        .as_str()
+        .unwrap_or_default();
+    let s = rw_reads_text(server);
     let q = rw_queue_text(server);
     if let Ok(e) = e.parse() {
         times.insert("e".to_owned(), e);
@@ -1166,6 +1173,47 @@ pub(crate) fn rw_queue_text(server: &RedisServer) -> String {
         "signs of life without a place: {text:?}"
     );
     text
+}
+
+/// The read holds of read-write lock `x` as text, one line per owner, sorted by owner: its
+/// field `=<owner>` ("<count> <token> <op> <waiter>") with its end (its score in the read holds'
+/// sorted set) after the token: "<owner> <count> <token> <end ms> <op> <waiter>\n"
+/// (`lua/lib/rw.lua`). Asserts that every end has its field (a field whose end expired before the
+/// hash, which only a hash kept past its holds by hand has, is not listed).
+pub(crate) fn rw_reads_text(server: &RedisServer) -> String {
+    let ends = server
+        .cmd(&["ZRANGE", RW_READS, "0", "-1", "WITHSCORES"])
+        .as_array();
+    let mut lines: Vec<String> = Vec::new();
+    for pair in ends.chunks(2) {
+        let owner = pair[0].as_str().expect("an owner");
+        let end = pair[1].as_str().expect("an end");
+        let detail = server
+            .cmd(&["HGET", RW_HOLD, &format!("={owner}")])
+            .as_str()
+            .unwrap_or_else(|| panic!("no field of the read hold of {owner:?}"));
+        let columns: Vec<&str> = detail.split(' ').collect();
+        assert_eq!(
+            columns.len(),
+            4,
+            "a read hold's field of four columns: {detail:?}"
+        );
+        lines.push(format!(
+            "{owner} {} {} {end} {} {}\n",
+            columns[0], columns[1], columns[2], columns[3]
+        ));
+    }
+    lines.sort();
+    lines.concat()
+}
+
+/// `text`'s lines sorted (read holds compare whatever order they were written in).
+pub(crate) fn sorted_lines(text: &Option<String>) -> Option<String> {
+    text.as_ref().map(|text| {
+        let mut lines: Vec<&str> = text.split_inclusive('\n').collect();
+        lines.sort_unstable();
+        lines.concat()
+    })
 }
 
 /// The lowest score of a place in a read-write queue (`FL_RW_PLACES` in `lua/lib/rw.lua`).
@@ -1412,16 +1460,19 @@ impl<'a> Rw<'a> {
     /// waiter ids) of `locks`, the key in KEYS and the count and the ids in ARGV; the raw
     /// reply.
     pub(crate) fn heartbeat_raw(&self, waiter_lease: i64, locks: &[(&str, &[&str])]) -> Resp {
-        // Each lock's hash and queue (`{t:s}:rw:N` and `{t:s}:rw.wait:N`).
-        let queues: Vec<String> = locks
+        // Each lock's hash, queue and read holds' ends (`{t:s}:rw:N`, `{t:s}:rw.wait:N` and
+        // `{t:s}:rw.read:N`).
+        let groups: Vec<[String; 3]> = locks
             .iter()
-            .map(|(hold, _)| hold.replacen(":rw:", ":rw.wait:", 1))
+            .map(|(hold, _)| {
+                [
+                    hold.to_string(),
+                    hold.replacen(":rw:", ":rw.wait:", 1),
+                    hold.replacen(":rw:", ":rw.read:", 1),
+                ]
+            })
             .collect();
-        let keys: Vec<&str> = locks
-            .iter()
-            .zip(&queues)
-            .flat_map(|((hold, _), queue)| [*hold, queue.as_str()])
-            .collect();
+        let keys: Vec<&str> = groups.iter().flatten().map(String::as_str).collect();
         let counts: Vec<String> = locks.iter().map(|(_, ids)| ids.len().to_string()).collect();
         let waiter_lease = waiter_lease.to_string();
         let mut args = vec![waiter_lease.as_str()];
@@ -1440,7 +1491,16 @@ impl<'a> Rw<'a> {
     /// `rw_renew` (a batch) with `lease`: for each (hold key, side, owner, token) of `holds`,
     /// the key in KEYS and its group in ARGV; the raw reply.
     pub(crate) fn renew_raw(&self, lease: i64, holds: &[(&str, Side, &str, i64)]) -> Resp {
-        let keys: Vec<&str> = holds.iter().map(|(hold, ..)| *hold).collect();
+        // Each hold's hash and read holds' ends (`{t:s}:rw:N` and `{t:s}:rw.read:N`).
+        let reads: Vec<String> = holds
+            .iter()
+            .map(|(hold, ..)| hold.replacen(":rw:", ":rw.read:", 1))
+            .collect();
+        let keys: Vec<&str> = holds
+            .iter()
+            .zip(&reads)
+            .flat_map(|((hold, ..), reads)| [*hold, reads.as_str()])
+            .collect();
         let tokens: Vec<String> = holds.iter().map(|(.., t)| t.to_string()).collect();
         let lease = lease.to_string();
         let mut args = vec![lease.as_str()];
@@ -1461,7 +1521,7 @@ impl<'a> Rw<'a> {
 
     /// `rw_inspect`; the raw reply.
     pub(crate) fn inspect_raw(&self) -> Resp {
-        self.eval(&self.inspect, &[RW_HOLD], &[])
+        self.eval(&self.inspect, &RW_KEYS, &[])
     }
 
     pub(crate) fn inspect(&self) -> Vec<i64> {
@@ -1505,11 +1565,13 @@ impl<'a> Rw<'a> {
             q: (!items.is_empty()).then(|| rw_queue_text(self.server)),
             g: take("g"),
             e: take("e"),
-            s: take("s"),
+            s: (!items.is_empty()).then(|| rw_reads_text(self.server)),
             n: take("n"),
         };
-        // The notice field: checked through `notice_tag` where a test asks for notices.
+        // The notice field: checked through `notice_tag` where a test asks for notices; the
+        // read holds' fields, through `s`.
         fields.remove("i");
+        fields.retain(|name, _| !name.starts_with('='));
         assert!(fields.is_empty(), "unknown fields in the hash: {fields:?}");
         hash
     }
@@ -1524,7 +1586,11 @@ impl<'a> Rw<'a> {
     }
 
     pub(crate) fn assert_hash(&self, expected: &RwHash, what: &str) {
-        assert_eq!(&self.hash(), expected, "{what}");
+        let expected = RwHash {
+            s: sorted_lines(&expected.s),
+            ..expected.clone()
+        };
+        assert_eq!(self.hash(), expected, "{what}");
     }
 
     /// The hash's token (field `f`).
@@ -1730,7 +1796,7 @@ impl<'a> Rw<'a> {
     /// Asserts that no call created a key it has no business with: the shard's event stream
     /// and counter (events go to inboxes only).
     pub(crate) fn assert_no_stray_keys(&self) {
-        for key in [EVENTS, SEQ] {
+        for key in [RW_OPS, EVENTS, SEQ] {
             assert!(!exists(self.server, key), "{key} was created");
         }
     }

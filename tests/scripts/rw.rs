@@ -1282,51 +1282,6 @@ fn lapsed_holds_no_longer_count() {
     rw.assert_no_stray_keys();
 }
 
-/// Text in `s` or `q` that these scripts never write (a line of another shape) is read as a
-/// line pattern reads it, whatever shortcut the scripts take over well-formed lines: a line of
-/// `s` with a count that is no number is skipped and dropped with the next write, the lines
-/// around it still count;
-/// a queue line whose alive-until time has 14 digits (its last 13 would be a time long past)
-/// still counts as alive, so a writer queued under it keeps new readers out.
-#[test]
-fn text_of_another_shape_in_the_holds_is_read_as_a_pattern_reads_it() {
-    init_tracing();
-    let server = RedisServer::start();
-    let rw = Rw::new(&server, "stream");
-    rw.open_inboxes(&["b", "w"]);
-    let ta = rw.acquire(Bid::read("a", "a-read"))[1];
-    let a_line = rw.reader("a", 1, ta, LEASE, "a-read", "-");
-    // A writer queued, alive far ahead.
-    let writer = format!("ww {} w {LEASE} {WAITER_LEASE}", tag("w"));
-    server.cmd(&["ZADD", RW_QUEUE, &rw.clock().to_string(), &writer]);
-    server.cmd(&["ZADD", RW_QUEUE, "10000000000000", "ww"]);
-    server.cmd(&[
-        "HSET",
-        RW_HOLD,
-        "s",
-        &format!("stray x 1 99999999999999 op -\n{a_line}"),
-    ]);
-
-    let busy = rw.acquire(Bid::read("b", "b-read").waiting("rb"));
-    assert_eq!(busy[0], 0, "b read past the queued writer: {busy:?}");
-    let hash = rw.hash();
-    assert_eq!(
-        hash.s,
-        lines(&[&a_line]),
-        "the stray line dropped, a's line kept"
-    );
-    let queue = hash.q.unwrap_or_default();
-    assert!(
-        queue.starts_with(&format!("{writer} ")) && queue.lines().count() == 2,
-        "the writer keeps its place and b queues behind it: {queue:?}"
-    );
-    assert_eq!(
-        rw.inspect()[..4],
-        [0, 0, 0, 1],
-        "a's read hold still counts"
-    );
-}
-
 /// A lock whose holds lapsed with waiters still queued is granted to them by the next
 /// acquisition, whoever makes it, before it looks for itself: a writer at the head is granted
 /// the lock and the caller queues behind it, unless the caller is that writer (it then takes
@@ -2833,8 +2788,10 @@ fn a_busy_semaphore_attempt_looks_again_at_the_earliest_end_of_a_live_hold() {
     let b_line = rw.reader("b", 1, tb, LEASE, "b-take", "-");
     let (a_end, b_end) = (rw.read_end("a", 2 * LEASE), rw.read_end("b", LEASE));
     assert!(b_end < a_end, "b's end {b_end} not before a's {a_end}");
-    let lapsed = format!("x 1 {} {} x-take -\n", ta - 1, rw.clock_ms() - 1_000);
-    server.cmd(&["HSET", RW_HOLD, "s", &format!("{lapsed}{a_line}{b_line}")]);
+    // x's read hold, whose end passed.
+    server.cmd(&["HSET", RW_HOLD, "=x", &format!("1 {} x-take -", ta - 1)]);
+    let lapsed_end = (rw.clock_ms() - 1_000).to_string();
+    server.cmd(&["ZADD", RW_READS, &lapsed_end, "x"]);
 
     let busy = rw.acquire(permit("c", "c-try", 2));
     rw.assert_busy(&busy, b_end, "c's try: b's end, the earliest live one");
