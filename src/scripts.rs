@@ -33,6 +33,9 @@ pub(crate) struct Script {
     /// Whether the script issues fencing tokens (its header declares the fence argument): its
     /// last argument is then the fence argument, which [`crate::context::Context::run`] appends.
     issues_tokens: bool,
+    /// How many KEYS its header declares (`KEYS[1]` .. `KEYS[n]`, a prefix of the canonical
+    /// order); 0 for a batch script, whose keys come in groups.
+    keys: usize,
 }
 
 impl Script {
@@ -47,15 +50,20 @@ impl Script {
         let mut body = catalog.prelude_for(source, libraries);
         body.push_str(source);
         let sha = fred::util::sha1_hash(&body);
-        let issues_tokens = source
-            .lines()
-            .take_while(|line| line.starts_with("--"))
-            .any(|line| line.starts_with("-- ARGV[") && line.contains("] fence "));
+        let header = || source.lines().take_while(|line| line.starts_with("--"));
+        let issues_tokens =
+            header().any(|line| line.starts_with("-- ARGV[") && line.contains("] fence "));
+        let keys = header()
+            .filter_map(|line| line.strip_prefix("-- KEYS["))
+            .filter_map(|rest| rest.split_once(']')?.0.parse::<usize>().ok())
+            .max()
+            .unwrap_or(0);
         Script {
             name,
             body,
             sha,
             issues_tokens,
+            keys,
         }
     }
 
@@ -419,13 +427,13 @@ impl<'a> ScriptKeys<'a> {
             .collect()
     }
 
-    /// The KEYS of a script that works on this one lock: through the shard's events key, and
-    /// for a read-write lock or a semaphore through the ends of its read holds (`lua/README.md`).
-    pub(crate) fn of_calls(&self) -> Vec<String> {
-        match self.lock.kind() {
-            "rw" | "sem" => self.through(Key::Reads),
-            _ => self.through(Key::Events),
-        }
+    /// The KEYS of `script`, which works on this one lock: the prefix of the canonical order
+    /// that its header declares (`lua/README.md`).
+    pub(crate) fn for_script(&self, script: &Script) -> Vec<String> {
+        Key::ALL[..script.keys.min(Key::ALL.len())]
+            .iter()
+            .map(|&role| self.key(role))
+            .collect()
     }
 
     /// The keys of `roles`, in that order: one lock's group in a batch script.
@@ -743,6 +751,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A script that works on one lock is passed the keys its header declares: the
+    /// read-write scripts through `reads`, the exclusive ones through `events`.
+    #[test]
+    fn a_script_is_passed_the_keys_its_header_declares() {
+        let lock = crate::keys::Keyspace::new("p", 1, false)
+            .lock("rw", "x")
+            .expect("a lock name");
+        let keys = ScriptKeys::new(&lock);
+        assert_eq!(keys.for_script(&SCRIPTS.rw_leave), keys.through(Key::Reads));
+        assert_eq!(
+            keys.for_script(&SCRIPTS.rw_describe),
+            keys.through(Key::Reads)
+        );
+        assert_eq!(
+            keys.for_script(&SCRIPTS.hold_leave),
+            keys.through(Key::Events)
+        );
+        assert_eq!(
+            keys.for_script(&SCRIPTS.hold_describe),
+            keys.through(Key::Events)
+        );
+        assert_eq!(
+            keys.for_script(&SCRIPTS.latch_describe),
+            keys.through(Key::Events)
+        );
+        assert_eq!(SCRIPTS.rw_heartbeat.keys, 0, "a batch script");
     }
 
     #[test]

@@ -106,9 +106,15 @@ fn script_commands() -> BTreeSet<String> {
                 continue;
             }
             let source = std::fs::read_to_string(&path).expect("read script");
-            // `fl_queue_call(queue, 'X', ...)` (lua/lib/hold.lua) calls X on an exclusive
-            // lock's queue; the helper's own `redis.pcall(command, ...)` names no command.
-            for call in ["redis.call(", "redis.pcall(", "fl_queue_call(queue, "] {
+            // `fl_queue_call(queue, 'X', ...)` (lua/lib/hold.lua) calls X on a lock's queue and
+            // `fl_rw_batched('X', ...)` (lua/lib/rw.lua) X in batches; the helpers' own
+            // `redis.call(command, ...)` names no command.
+            for call in [
+                "redis.call(",
+                "redis.pcall(",
+                "fl_queue_call(queue, ",
+                "fl_rw_batched(",
+            ] {
                 for (at, _) in source.match_indices(call) {
                     let rest = &source[at + call.len()..];
                     if rest.starts_with("command,") {

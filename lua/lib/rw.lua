@@ -84,6 +84,7 @@
 --                                       mine when it changed (or its removal)
 -- fl_rw_add_reads(hold, reads, holds) adds read holds {owner, count, token, ends, op, waiter}
 -- fl_rw_drop_reads(hold, reads, owners) removes the read holds of these owners
+-- fl_rw_batched(command, key, items) runs ZREM or HDEL of many items, a few hundred per call
 -- fl_rw_holds_read(reads, owner, now_ms) -> whether the owner holds a live read hold
 -- fl_rw_read_of(hold, reads, waiter, now_ms) -> the owner of the live read hold a release
 --                                       granted under this waiter id, or nil (walks the read
@@ -193,19 +194,21 @@ local function fl_rw_detail(count, token, op, waiter)
   return string.format('%d %s %s %s', count, token, op, waiter)
 end
 
-local function fl_rw_drop_reads(hold, reads, owners)
-  if not owners[1] then
-    return
+-- Runs `command` on `key` with `items` as its arguments, a few hundred per call (Lua's unpack
+-- has a stack limit): ZREM or HDEL of many members or fields.
+local function fl_rw_batched(command, key, items)
+  for from = 1, #items, 200 do
+    redis.call(command, key, unpack(items, from, math.min(from + 199, #items)))
   end
+end
+
+local function fl_rw_drop_reads(hold, reads, owners)
   local fields = {}
   for i, owner in ipairs(owners) do
     fields[i] = '=' .. owner
   end
-  for from = 1, #owners, 200 do
-    local to = math.min(from + 199, #owners)
-    redis.call('ZREM', reads, unpack(owners, from, to))
-    redis.call('HDEL', hold, unpack(fields, from, to))
-  end
+  fl_rw_batched('ZREM', reads, owners)
+  fl_rw_batched('HDEL', hold, fields)
 end
 
 local function fl_rw_add_reads(hold, reads, holds)
@@ -297,13 +300,6 @@ local function fl_rw_head(queue)
   return first[1], tonumber(first[2])
 end
 
--- Removes members from the queue, a few hundred per call (Lua's unpack has a stack limit).
-local function fl_rw_remove(queue, members)
-  for from = 1, #members, 200 do
-    redis.call('ZREM', queue, unpack(members, from, math.min(from + 199, #members)))
-  end
-end
-
 local function fl_rw_queue_head(queue, fields, now_ms)
   -- The lowest score is the earliest sign of life: whether anybody is queued, and whether a
   -- waiter's time passed, in one read.
@@ -328,7 +324,7 @@ local function fl_rw_queue_head(queue, fields, now_ms)
         gone[#gone + 1] = member
       end
     end
-    fl_rw_remove(queue, gone)
+    fl_rw_batched('ZREM', queue, gone)
   end
   return fl_rw_head(queue)
 end
@@ -352,14 +348,10 @@ local function fl_rw_leave(queue, waiter, member)
     return false
   end
   if not member or redis.call('ZREM', queue, member, waiter) < 2 then
-    -- Its place is not the member the caller built (or it knows none): searched for.
-    local prefix = waiter .. ' '
-    for _, place in ipairs(redis.call('ZRANGEBYSCORE', queue, FL_RW_PLACES, '+inf')) do
-      if string.sub(place, 1, #prefix) == prefix then
-        redis.call('ZREM', queue, place)
-      end
-    end
-    redis.call('ZREM', queue, waiter)
+    -- Its place is not the member the caller built (or it knows none): searched for (a sign
+    -- of life has no space, so the search finds places alone).
+    local place = fl_queue_find(queue, 1, waiter)
+    redis.call('ZREM', queue, place or waiter, waiter)
   end
   return true
 end
@@ -420,7 +412,7 @@ local function fl_rw_grant(hold, queue, reads, f, state, now_us, x, events, mode
       elseif #wave == 0 and #woken == 0 and readers == 0 then
         -- A writer, with no read hold left: granted the lock alone.
         done[#done + 1], done[#done + 2] = place, waiter
-        fl_rw_remove(queue, done)
+        fl_rw_batched('ZREM', queue, done)
         done = {}
         local text = next_token()
         local ends = now_ms + tonumber(lasts)
@@ -444,7 +436,7 @@ local function fl_rw_grant(hold, queue, reads, f, state, now_us, x, events, mode
         break
       end
     end
-    fl_rw_remove(queue, done)
+    fl_rw_batched('ZREM', queue, done)
     done = {}
   end
   if #wave == 0 and #woken == 0 then

@@ -251,7 +251,7 @@ async fn describe(ctx: &Context, keys: &LockKeys, script: &Script) -> Result<Rep
     let args = ScriptArgs::no_call()
         .events(ctx.event_args(keys))
         .extra([limit]);
-    let script_keys = ScriptKeys::new(keys).of_calls();
+    let script_keys = ScriptKeys::new(keys).for_script(script);
     let value = ctx
         .run(script, keys.name(), script_keys, args.into_vec())
         .await?;

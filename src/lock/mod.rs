@@ -301,7 +301,7 @@ pub(crate) fn leave_queue(
         let args = ScriptArgs::leave(&waiter)
             .window(window_ms)
             .events(engine.ctx.event_args(&keys));
-        let script_keys = ScriptKeys::new(&keys).of_calls();
+        let script_keys = ScriptKeys::new(&keys).for_script(script);
         let reply = run_call(&engine.ctx, &keys, script, script_keys, args).await?;
         let left = flag_reply(script, &reply)?;
         tracing::debug!(lock = keys.name(), left, "left the wait queue");

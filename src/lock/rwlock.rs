@@ -261,7 +261,7 @@ impl RwDriver {
 
     /// `KEYS[1..=6]` of the `rw_*` scripts that work on one lock.
     fn script_keys(&self) -> Vec<String> {
-        ScriptKeys::new(&self.keys).of_calls()
+        ScriptKeys::new(&self.keys).through(Key::Reads)
     }
 
     fn retry_window_ms(&self) -> i64 {
