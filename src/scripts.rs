@@ -761,23 +761,21 @@ mod tests {
             .lock("rw", "x")
             .expect("a lock name");
         let keys = ScriptKeys::new(&lock);
-        assert_eq!(keys.for_script(&SCRIPTS.rw_leave), keys.through(Key::Reads));
-        assert_eq!(
-            keys.for_script(&SCRIPTS.rw_describe),
-            keys.through(Key::Reads)
-        );
-        assert_eq!(
-            keys.for_script(&SCRIPTS.hold_leave),
-            keys.through(Key::Events)
-        );
-        assert_eq!(
-            keys.for_script(&SCRIPTS.hold_describe),
-            keys.through(Key::Events)
-        );
-        assert_eq!(
-            keys.for_script(&SCRIPTS.latch_describe),
-            keys.through(Key::Events)
-        );
+        let cases = [
+            (&SCRIPTS.rw_leave, Key::Reads),
+            (&SCRIPTS.rw_describe, Key::Reads),
+            (&SCRIPTS.hold_leave, Key::Events),
+            (&SCRIPTS.hold_describe, Key::Events),
+            (&SCRIPTS.latch_describe, Key::Events),
+        ];
+        for (script, last) in cases {
+            assert_eq!(
+                keys.for_script(script),
+                keys.through(last),
+                "{}",
+                script.name
+            );
+        }
         assert_eq!(SCRIPTS.rw_heartbeat.keys, 0, "a batch script");
     }
 
