@@ -74,6 +74,11 @@ impl QueuedWaiters {
 /// Most locks per heartbeat call (keeps each script short).
 const MAX_LOCKS_PER_CALL: usize = 128;
 
+/// Most heartbeat calls on their way at once. A call's keys and arguments are built when it
+/// starts: with many thousand queued waiters, building every call of a round up front would
+/// hold all of them in memory at once, several hundred bytes per waiter.
+const MAX_CALLS_AT_ONCE: usize = 4;
+
 /// The heartbeat task over `queued`: runs until shutdown. Wakes the displaced waiters in
 /// `waiters`.
 pub(crate) async fn run_heartbeat(
@@ -123,6 +128,9 @@ async fn beat(ctx: &Arc<Context>, queued: &QueuedWaiters, waiters: &Arc<WaiterTa
         };
         let locks: Vec<_> = locks.into_values().collect();
         for chunk in locks.chunks(MAX_LOCKS_PER_CALL) {
+            if calls.len() >= MAX_CALLS_AT_ONCE {
+                calls.join_next().await;
+            }
             let (ctx, waiters) = (ctx.clone(), waiters.clone());
             let call = (script, first_args.clone());
             calls.spawn(check_places(ctx, waiters, chunk.to_vec(), call));

@@ -86,6 +86,10 @@ pub(crate) async fn run_release_worker(
 /// Releases one level of `hold` (for `unlock()` and dropped guards), or defers the release
 /// when that level is the hold's last (see the module docs): then it returns at once, as
 /// released.
+///
+/// The release call's future is boxed: a task that awaits `lock()` and then `unlock()` is as
+/// large as the larger of the two futures for as long as it lives, waiting included, and the
+/// call's future (a script call through fred) is several times a waiting `lock()`'s.
 pub(crate) async fn release_hold(hold: &Arc<DriverHold>) -> Result<Released> {
     if defer(hold) {
         return Ok(Released::Yes {
@@ -93,7 +97,7 @@ pub(crate) async fn release_hold(hold: &Arc<DriverHold>) -> Result<Released> {
             successor: Successor::Passed,
         });
     }
-    release_now(hold).await
+    Box::pin(release_now(hold)).await
 }
 
 /// Parks `hold` instead of releasing it, if it may be: a barging mutex's last level, its lease

@@ -1,8 +1,10 @@
 //! The local waiter table: every task of this process that waits for a lock, by lock id.
 //!
 //! One table per process, shared by every lock handle and fed by the one event reader
-//! ([`super::stream`] or [`super::pubsub`]). A task that waits costs a queue entry and a
-//! [`Notify`], not a connection or a subscription of its own.
+//! ([`super::stream`] or [`super::pubsub`]). A task that waits costs a queue entry and the
+//! waker of its task, not a connection or a subscription of its own. (A waiter has exactly one
+//! task waiting on it, so a waker slot does what a `tokio::sync::Notify` would, and the wait's
+//! future, which is most of a waiting task's memory, is a timer and a reference.)
 //!
 //! A waiter is registered *before* its acquire attempt ([`WaiterTable::register`]), so an event
 //! for a release that happens after the attempt finds it. The reader applies each event to the
@@ -31,12 +33,15 @@
 //! ([`WaiterTable::on_queued_behind`]: the engine, which marks the hold contended).
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use tokio::sync::Notify;
+use tokio::time::Sleep;
 
 use super::event::{Granted, WakeRule};
 use super::handover::{Bid, Handover};
@@ -48,14 +53,14 @@ pub(super) const WOKEN: u8 = 2;
 
 /// One waiting acquisition.
 pub(crate) struct Waiter {
-    id: u64,
     /// The id by which a `name`, `grant` or `grants` event designates this waiter, if any.
     pub(super) name: Option<Arc<str>>,
     /// [`IDLE`] or [`WOKEN`]; only ever raised by a wakeup.
     woken: AtomicU8,
-    notify: Notify,
+    /// The waker of the task waiting on it, while it waits ([`Wait`]).
+    waker: Mutex<Option<Waker>>,
     /// The latest hold a release granted to this waiter, until it is looked at.
-    granted: std::sync::Mutex<Option<Granted>>,
+    granted: Mutex<Option<Granted>>,
     /// What it asks for, if a release of this process may hand it the lock.
     pub(super) bid: Option<Bid>,
     /// Whether a release of this process hands it the lock, and the hold it handed.
@@ -63,9 +68,14 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
+    /// Raises `woken` first, then wakes the waiting task, if any: a [`Wait`] stores its waker
+    /// before it looks at `woken`, so one of the two sees the other.
     pub(super) fn wake(&self, how: u8) {
         self.woken.fetch_max(how, Ordering::AcqRel);
-        self.notify.notify_waiters();
+        let waker = self.waker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 
     pub(super) fn is_idle(&self) -> bool {
@@ -80,7 +90,6 @@ type QueuedBehind = Box<dyn Fn(&str, Option<u64>) + Send + Sync>;
 #[derive(Default)]
 pub(crate) struct WaiterTable {
     pub(super) queues: DashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
-    next_id: AtomicU64,
     wakeups: AtomicU64,
     queued_behind: OnceLock<QueuedBehind>,
     /// `held` notices heard.
@@ -101,11 +110,10 @@ impl WaiterTable {
         bid: Option<Bid>,
     ) -> Registration {
         let waiter = Arc::new(Waiter {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
             name,
             woken: AtomicU8::new(IDLE),
-            notify: Notify::new(),
-            granted: std::sync::Mutex::new(None),
+            waker: Mutex::new(None),
+            granted: Mutex::new(None),
             bid,
             handover: Handover::new(),
         });
@@ -237,12 +245,52 @@ impl WaiterTable {
     fn remove(&self, lock_id: &Arc<str>, waiter: &Arc<Waiter>) {
         if let dashmap::Entry::Occupied(mut entry) = self.queues.entry(lock_id.clone()) {
             let queue = entry.get_mut();
-            if let Some(pos) = queue.iter().position(|w| w.id == waiter.id) {
+            if let Some(pos) = queue.iter().position(|w| Arc::ptr_eq(w, waiter)) {
                 queue.remove(pos);
             }
             if queue.is_empty() {
                 entry.remove();
             }
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Registration::wait`]'s future: the waiter's wakeup or its timer, whichever comes
+    /// first. Resolves to true when woken, and consumes the wakeup.
+    pub(crate) struct Wait<'a> {
+        waiter: &'a Waiter,
+        #[pin]
+        timer: Sleep,
+    }
+
+    impl PinnedDrop for Wait<'_> {
+        fn drop(this: Pin<&mut Self>) {
+            // The task stops waiting: a wakeup from now on is kept in `woken` only.
+            *this.waiter.waker.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+impl Future for Wait<'_> {
+    type Output = bool;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let this = self.project();
+        let waiter = *this.waiter;
+        {
+            let mut slot = waiter.waker.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.as_ref() {
+                Some(waker) if waker.will_wake(cx.waker()) => {}
+                _ => *slot = Some(cx.waker().clone()),
+            }
+        }
+        if waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE {
+            return Poll::Ready(true);
+        }
+        match this.timer.poll(cx) {
+            Poll::Ready(()) => Poll::Ready(waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -257,17 +305,13 @@ pub(crate) struct Registration {
 // The hand-over side of a registration (`handed`, `bid_owner`, `taken`, `abandon`) is in
 // `handover.rs`.
 impl Registration {
-    /// Waits until this waiter is woken or `limit` passes. Returns true when woken.
+    /// Waits until this waiter is woken or `limit` passes. Resolves to true when woken.
     /// A wakeup that arrived since the previous wait is returned at once.
-    pub(crate) async fn wait(&self, limit: Duration) -> bool {
-        let notified = self.waiter.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if self.waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE {
-            return true;
+    pub(crate) fn wait(&self, limit: Duration) -> Wait<'_> {
+        Wait {
+            waiter: &self.waiter,
+            timer: tokio::time::sleep(limit),
         }
-        let woke = tokio::time::timeout(limit, notified).await.is_ok();
-        self.waiter.woken.swap(IDLE, Ordering::AcqRel) != IDLE || woke
     }
 
     /// Takes the hold a release granted to this waiter since the last look, if one did (fair
@@ -335,6 +379,35 @@ mod tests {
         table.dispatch("mutex:a", &WakeRule::One);
         assert!(woken(&first).await);
         assert!(woken(&second).await);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_task_is_woken_by_a_later_dispatch_and_a_wakeup_is_used_once() {
+        let (table, first, _second) = two_mutex_waiters();
+        let waiting = tokio::spawn(async move {
+            // Far longer than any test run: only the wakeup can end this wait.
+            let woken = first.wait(Duration::from_secs(3600)).await;
+            (woken, first)
+        });
+        // On this single-threaded runtime the spawned task runs until it waits.
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "nothing woke it yet");
+        table.dispatch("mutex:a", &WakeRule::One);
+        let ended = tokio::time::timeout(Duration::from_secs(30), waiting).await;
+        let (woken_up, first) = ended
+            .expect("the dispatch wakes the waiting task")
+            .expect("the waiting task");
+        assert!(woken_up);
+        // The wakeup was consumed: the next wait runs into its limit.
+        assert!(!first.wait(Duration::from_millis(5)).await);
+    }
+
+    #[tokio::test]
+    async fn a_wait_without_a_wakeup_ends_at_its_limit_not_before() {
+        let (_table, first, _second) = two_mutex_waiters();
+        let started = tokio::time::Instant::now();
+        assert!(!first.wait(Duration::from_millis(20)).await);
+        assert!(started.elapsed() >= Duration::from_millis(20));
     }
 
     #[tokio::test]
