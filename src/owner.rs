@@ -101,32 +101,59 @@ impl fmt::Debug for Owner {
 /// system call per id (a UUID v4 per call cost a `getrandom` call on every lock and unlock).
 /// Unlike owner ids, op ids need not be secret: they only tell calls apart.
 pub(crate) fn op_id() -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::LazyLock;
-    static PREFIX: LazyLock<String> = LazyLock::new(|| {
-        let random = uuid::Uuid::new_v4().simple().to_string();
-        random[..24].to_owned()
-    });
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    // By hand rather than `format!`, which costs several times more on every lock and unlock.
-    let mut id = String::with_capacity(PREFIX.len() + 16);
-    id.push_str(&PREFIX);
-    let digits = 16 - (n.leading_zeros() as usize / 4).min(15);
-    for shift in (0..digits).rev() {
-        let nibble = ((n >> (shift * 4)) & 0xf) as u8;
-        id.push(char::from(if nibble < 10 {
-            b'0' + nibble
-        } else {
-            b'a' + nibble - 10
-        }));
+    OpId::next().text()
+}
+
+/// An op id kept as its counter, its text ([`op_id`]) written when a call needs it: a waiting
+/// acquisition keeps its next attempt's op id for as long as it waits, in 8 bytes rather than
+/// a string on the heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OpId(u64);
+
+impl OpId {
+    /// A fresh op id.
+    pub(crate) fn next() -> OpId {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        OpId(COUNTER.fetch_add(1, Ordering::Relaxed))
     }
-    id
+
+    /// The op id's text: this process's random prefix, then the counter in lower hex.
+    pub(crate) fn text(self) -> String {
+        use std::sync::LazyLock;
+        static PREFIX: LazyLock<String> = LazyLock::new(|| {
+            let random = uuid::Uuid::new_v4().simple().to_string();
+            random[..24].to_owned()
+        });
+        let n = self.0;
+        // By hand rather than `format!`, which costs several times more on every lock and
+        // unlock.
+        let mut id = String::with_capacity(PREFIX.len() + 16);
+        id.push_str(&PREFIX);
+        let digits = 16 - (n.leading_zeros() as usize / 4).min(15);
+        for shift in (0..digits).rev() {
+            let nibble = ((n >> (shift * 4)) & 0xf) as u8;
+            id.push(char::from(if nibble < 10 {
+                b'0' + nibble
+            } else {
+                b'a' + nibble - 10
+            }));
+        }
+        id
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_op_id_writes_the_same_text_every_time_and_the_next_one_differs() {
+        let op = OpId::next();
+        assert_eq!(op.text(), op.text());
+        assert_ne!(op.text(), OpId::next().text());
+        assert_eq!(op.text()[..24], op_id()[..24], "one prefix per process");
+    }
 
     #[test]
     fn op_ids_end_in_the_counter_in_lower_hex() {

@@ -35,7 +35,7 @@ use crate::context::BoxFuture;
 use crate::error::{Backoff, Error, Result};
 use crate::lease::{renew_holds, Lease, RedisHold};
 use crate::notify::{Bid, Granted, HandedOver, Registration};
-use crate::owner::{op_id, Owner};
+use crate::owner::{op_id, OpId, Owner};
 
 /// How long an acquisition may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,7 +219,7 @@ fn acquire_loop(
             registration.is_some() && driver.handover().is_some() && owner.is_anonymous();
         let mut envoy = EnvoyTurn::new(&driver, &waiter, envoy_eligible);
         let mut retry = TransientRetry::default();
-        let mut op = op_id();
+        let mut op = OpId::next();
         // Whether the coming attempt answers a wakeup (see `Registration::hand_on_wakeup`).
         let mut woken = false;
         // When the last busy attempt was sent, and the holder's token it saw: dates a grant.
@@ -279,150 +279,216 @@ fn acquire_loop(
         }
 
         loop {
-            let limit = if let Some(limit) = first_wait.take() {
-                limit
-            } else if let Some(limit) = envoy.wait_behind(|bound| patience.wait_limit(bound)) {
-                tracing::trace!("waiting behind this process's envoy");
-                limit
-            } else {
-                let sent_at = Instant::now();
-                let attempt = Box::pin(attempt(
-                    &driver,
-                    &owner,
-                    &waiter,
-                    &op,
-                    lease.initial(),
-                    waiting,
-                ))
-                .await;
-                match attempt {
-                    Ok(Attempt::Acquired { token, lasts }) => {
-                        let lasts = lasts.unwrap_or(lease.initial());
-                        if let Some(registration) = registration.as_ref() {
-                            registration.taken();
-                        }
-                        let hold = take_up(
+            // The wait's limit lives in this block only: a local that lives across the wait's
+            // `await` keeps a slot of its own in every state of the coroutine.
+            let (registration, wait) = {
+                let limit = if let Some(limit) = first_wait.take() {
+                    limit
+                } else if let Some(limit) = envoy.wait_behind(|bound| patience.wait_limit(bound)) {
+                    tracing::trace!("waiting behind this process's envoy");
+                    limit
+                } else {
+                    // The attempt's outcome is read in a block of its own, with no `await`: a
+                    // local that lives across an `await` keeps a slot of its own in every state of
+                    // the coroutine, waiting included.
+                    let step = {
+                        let sent_at = Instant::now();
+                        // The slot first, and only then the attempt's boxed future: a burst of
+                        // many acquisitions waits for slots without a box each, which would be
+                        // freed memory scattered between the waiting tasks once they ran. (The
+                        // semaphore is never closed.)
+                        let slot = driver
+                            .engine()
+                            .attempt_slots
+                            .clone()
+                            .acquire_owned()
+                            .await
+                            .map_err(|_| Error::Shutdown)?;
+                        let attempt = Box::pin(attempt(
+                            slot,
                             &driver,
                             &owner,
+                            &waiter,
+                            &op.text(),
+                            lease.initial(),
+                            waiting,
+                        ))
+                        .await;
+                        match attempt {
+                            Ok(Attempt::Acquired { token, lasts }) => Step::Acquired {
+                                token,
+                                lasts,
+                                sent_at,
+                            },
+                            Ok(Attempt::Busy { ttl, token }) => {
+                                retry.reset();
+                                op = OpId::next();
+                                last_busy = token.map(|token| (sent_at, token));
+                                if waiting {
+                                    queued.joined();
+                                }
+                                let ttl = ttl.unwrap_or(driver.engine().ctx.config.watchdog_lease);
+                                envoy.heard(sent_at, ttl);
+                                if patience == Patience::None {
+                                    return Ok(None);
+                                }
+                                match patience.wait_limit(ttl) {
+                                    Some(limit) => Step::Wait(limit),
+                                    None => Step::GiveUp,
+                                }
+                            }
+                            // Repeat the same op after a pause: if the failed call was applied after
+                            // all, the script answers it instead of applying it again.
+                            Err(error) => {
+                                let window = driver.engine().ctx.config.transient_retry;
+                                let Some(pause) = retry.pause_after(&error, window, patience)
+                                else {
+                                    if waiting && error.is_retryable() {
+                                        // The call may have run and queued this waiter before its
+                                        // reply was lost: leave the queue on the way out (leaving
+                                        // is answered for a waiter that is not there).
+                                        queued.joined();
+                                    }
+                                    if woken {
+                                        // This attempt answered a wakeup and failed: let the next
+                                        // local waiter have it instead of sleeping until its lease
+                                        // runs out.
+                                        if let Some(registration) = registration.as_ref() {
+                                            registration.hand_on_wakeup();
+                                        }
+                                    }
+                                    return Err(error);
+                                };
+                                tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
+                                driver
+                                    .engine()
+                                    .ctx
+                                    .retried_attempts
+                                    .fetch_add(1, Ordering::Relaxed);
+                                Step::Wait(pause)
+                            }
+                        }
+                    };
+                    match step {
+                        Step::Acquired {
                             token,
-                            lease,
-                            (sent_at, lasts),
-                            Source::OwnScript,
-                            &mut queued,
-                        );
-                        return envoy.settled(Box::pin(hold).await.map(Some));
-                    }
-                    Ok(Attempt::Busy { ttl, token }) => {
-                        retry.reset();
-                        op = op_id();
-                        last_busy = token.map(|token| (sent_at, token));
-                        if waiting {
-                            queued.joined();
+                            lasts,
+                            sent_at,
+                        } => {
+                            let lasts = lasts.unwrap_or(lease.initial());
+                            if let Some(registration) = registration.as_ref() {
+                                registration.taken();
+                            }
+                            let hold = take_up(
+                                &driver,
+                                &owner,
+                                token,
+                                lease,
+                                (sent_at, lasts),
+                                Source::OwnScript,
+                                &mut queued,
+                            );
+                            return envoy.settled(Box::pin(hold).await.map(Some));
                         }
-                        let ttl = ttl.unwrap_or(driver.engine().ctx.config.watchdog_lease);
-                        envoy.heard(sent_at, ttl);
-                        if patience == Patience::None {
-                            return Ok(None);
-                        }
-                        let Some(limit) = patience.wait_limit(ttl) else {
+                        Step::Wait(limit) => limit,
+                        Step::GiveUp => {
                             tracing::debug!("gave up waiting");
                             queued.leave().await;
                             return Ok(None);
-                        };
-                        limit
+                        }
                     }
-                    // Repeat the same op after a pause: if the failed call was applied after all, the
-                    // script answers it instead of applying it again.
-                    Err(error) => {
-                        let window = driver.engine().ctx.config.transient_retry;
-                        let Some(pause) = retry.pause_after(&error, window, patience) else {
-                            if waiting && error.is_retryable() {
-                                // The call may have run and queued this waiter before its reply
-                                // was lost: leave the queue on the way out (leaving is answered
-                                // for a waiter that is not there).
-                                queued.joined();
-                            }
-                            if woken {
-                                // This attempt answered a wakeup and failed: let the next local waiter
-                                // have it instead of sleeping until its lease runs out.
-                                if let Some(registration) = registration.as_ref() {
-                                    registration.hand_on_wakeup();
-                                }
-                            }
-                            return Err(error);
-                        };
-                        tracing::debug!(%error, pause_ms = pause.as_millis() as u64, "attempt failed; retrying");
-                        driver
-                            .engine()
-                            .ctx
-                            .retried_attempts
-                            .fetch_add(1, Ordering::Relaxed);
-                        pause
-                    }
-                }
+                };
+                let Some(registration) = registration.as_ref() else {
+                    return Ok(None);
+                };
+                // Shutdown marks the client closed, then wakes every registered waiter: a waiter that
+                // registered before the check below is woken, one that checks after it sees the mark.
+                driver.engine().ctx.check_open()?;
+                tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
+                (registration, registration.wait(limit))
             };
-            let Some(registration) = registration.as_ref() else {
-                return Ok(None);
-            };
-            // Shutdown marks the client closed, then wakes every registered waiter: a waiter that
-            // registered before the check below is woken, one that checks after it sees the mark.
-            driver.engine().ctx.check_open()?;
-            tracing::trace!(wait_ms = limit.as_millis() as u64, "waiting");
-            woken = registration.wait(limit).await;
+            woken = wait.await;
             // A release of this process handed the lock over, or another client's granted it.
             let ctx = &driver.engine().ctx;
-            // Decided without an `await`, and the hand-over's state moved into a boxed future:
-            // none of it is part of a waiting task's state.
-            let given = {
-                let mut adopted = None;
-                let given = if let Some(handed) = registration.handed() {
+            // Decided without an `await`, and what follows boxed: none of it is part of a
+            // waiting task's state (a coroutine keeps a slot for every local that lives across
+            // two of its `await`s, whether or not they could share one).
+            let next: Option<BoxFuture<'_, Result<Option<Arc<DriverHold>>>>> =
+                if let Some(handed) = registration.handed() {
                     if handed.within.is_some() {
-                        adopted = Some(Box::pin(adopt_without_call(
+                        Some(Box::pin(adopt_without_call(
                             &driver,
                             &owner,
                             lease,
                             handed,
                             registration,
                             &mut queued,
-                        )));
-                        None
+                        )))
                     } else {
                         registration.taken();
                         tracing::trace!(
                             token = handed.token,
                             "handed over by a release of this process"
                         );
+                        ctx.handed_over.fetch_add(1, Ordering::Relaxed);
                         let timing = (handed.at, lease.initial());
                         let source = Source::OwnConnection {
                             queued: handed.queued,
                             quiet: handed.quiet,
                         };
-                        Some((handed.token, timing, source, &ctx.handed_over))
+                        let hold = take_up(
+                            &driver,
+                            &owner,
+                            handed.token,
+                            lease,
+                            timing,
+                            source,
+                            &mut queued,
+                        );
+                        Some(Box::pin(async move { hold.await.map(Some) }))
                     }
+                } else if let Some((granted, timing)) = registration
+                    .granted()
+                    .and_then(|granted| Some((granted, grant_times(last_busy, granted)?)))
+                {
+                    tracing::trace!(token = granted.token, "granted by the release");
+                    ctx.granted.fetch_add(1, Ordering::Relaxed);
+                    let source = Source::OtherClient {
+                        queued: granted.queued,
+                    };
+                    let hold = take_up(
+                        &driver,
+                        &owner,
+                        granted.token,
+                        lease,
+                        timing,
+                        source,
+                        &mut queued,
+                    );
+                    Some(Box::pin(async move { hold.await.map(Some) }))
                 } else {
-                    registration.granted().and_then(|granted| {
-                        let timing = grant_times(last_busy, granted)?;
-                        tracing::trace!(token = granted.token, "granted by the release");
-                        let source = Source::OtherClient {
-                            queued: granted.queued,
-                        };
-                        Some((granted.token, timing, source, &ctx.granted))
-                    })
+                    None
                 };
-                if let Some(adopted) = adopted {
-                    return envoy.settled(adopted.await);
-                }
-                given
-            };
-            if let Some((token, timing, source, counter)) = given {
-                counter.fetch_add(1, Ordering::Relaxed);
-                let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-                return envoy.settled(Box::pin(hold).await.map(Some));
+            if let Some(next) = next {
+                return envoy.settled(next.await);
             }
             tracing::trace!(woken, "re-checking");
             driver.engine().ctx.check_open()?;
         }
     }
+}
+
+/// What the acquisition does after an attempt: take up the hold it acquired, wait (for a
+/// wakeup, the holder's lease, or a pause before retrying a transient failure), or give up
+/// (its deadline passed).
+enum Step {
+    Acquired {
+        token: u64,
+        lasts: Option<Duration>,
+        sent_at: Instant,
+    },
+    Wait(Duration),
+    GiveUp,
 }
 
 /// Takes up a hold handed over within this client without a call (`cohort`), claimed while
@@ -687,6 +753,7 @@ fn grant_times(last_busy: Option<(Instant, u64)>, granted: Granted) -> Option<(I
 /// One acquire attempt: waits for an in-flight slot, then runs the driver's script in a way
 /// that is finished (and cleaned up) even if the caller goes away.
 async fn attempt(
+    slot: tokio::sync::OwnedSemaphorePermit,
     driver: &Arc<dyn Driver>,
     owner: &Owner,
     waiter: &Arc<str>,
@@ -694,13 +761,6 @@ async fn attempt(
     lease: Duration,
     waiting: bool,
 ) -> Result<Attempt> {
-    let slot = driver
-        .engine()
-        .attempt_slots
-        .clone()
-        .acquire_owned()
-        .await
-        .map_err(|_| Error::Shutdown)?;
     driver.engine().ctx.attempts.fetch_add(1, Ordering::Relaxed);
     start_attempt(
         slot,

@@ -117,9 +117,10 @@ impl WaiterTable {
             bid,
             handover: Handover::new(),
         });
+        // Most locks have one local waiter: room for one, where `or_default` makes room for 4.
         self.queues
             .entry(lock_id.clone())
-            .or_default()
+            .or_insert_with(|| VecDeque::with_capacity(1))
             .push_back(waiter.clone());
         Registration {
             table: self.clone(),
