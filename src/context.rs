@@ -5,8 +5,7 @@
 //! space and layout, the client's inbox tag, what the server can do (sharded Pub/Sub,
 //! `XADD NOMKSTREAM`), whether the client is closed or hung up, the diagnostic counters, and
 //! [`Context::run`], the one way scripts are called (with the fencing-token retry of
-//! `lua/lib/fence.lua`), which also bounds how many calls of the client are on their way at
-//! once ([`MAX_CALLS_IN_FLIGHT`]). The lease, queue, watch and notify modules work over it; the engine
+//! `lua/lib/fence.lua`). The lease, queue, watch and notify modules work over it; the engine
 //! adds the registries of holds and waiters on top (`crate::engine::Core`).
 //!
 //! It imports only the leaf modules (`config`, `error`, `keys`, `layout`, `scripts`), so the
@@ -27,13 +26,6 @@ use crate::error::{Error, Result};
 use crate::keys::{Keyspace, LockKeys};
 use crate::layout::Layout;
 use crate::scripts::Script;
-
-/// At most this many script calls of one client are on their way at once; later calls wait
-/// for a turn, in order. A call's future in fred is about 5 KiB until its reply comes, so a
-/// burst of many thousand first attempts (as many tasks starting to wait at once) would
-/// otherwise hold that much per task at its peak, memory the allocator keeps once it is
-/// freed. This many calls in one pipeline keep a connection busy as well as any number.
-pub(crate) const MAX_CALLS_IN_FLIGHT: usize = 256;
 
 /// A boxed, sendable future (drivers and queued locks are used as trait objects).
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -79,8 +71,6 @@ pub(crate) struct Context {
     hung_up: AtomicBool,
     /// See [`RefusalHook`].
     on_refused: OnceLock<RefusalHook>,
-    /// Turns for script calls ([`MAX_CALLS_IN_FLIGHT`]).
-    calls: tokio::sync::Semaphore,
 }
 
 impl Context {
@@ -112,7 +102,6 @@ impl Context {
             closed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),
             on_refused: OnceLock::new(),
-            calls: tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT),
         }
     }
 
@@ -242,13 +231,10 @@ impl Context {
                 "client shut down",
             ));
         }
-        // The semaphore is never closed. The call's future is boxed so that it exists only
-        // while the call has its turn (see `MAX_CALLS_IN_FLIGHT`).
-        let _turn = self.calls.acquire().await;
         if once {
-            return Box::pin(script.run_once(&self.redis, keys, args)).await;
+            return script.run_once(&self.redis, keys, args).await;
         }
-        Box::pin(script.run(&self.redis, keys, args)).await
+        script.run(&self.redis, keys, args).await
     }
 
     fn script_error(&self, err: fred::error::Error, lock: &str, first_key: &str) -> Error {
