@@ -30,6 +30,12 @@ use crate::scripts::Script;
 /// A boxed, sendable future (drivers and queued locks are used as trait objects).
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// The concurrent map of every per-lock table of a client (waiters, holds, deferred releases,
+/// envoys, Redis-side queues). Keyed by lock ids and hold keys, it is looked up several times
+/// per acquisition: foldhash (randomly seeded per map) hashes such a key in a fraction of the
+/// instructions that the standard library's SipHash takes.
+pub(crate) type Table<K, V> = dashmap::DashMap<K, V, foldhash::fast::RandomState>;
+
 /// What the layers above do once this client's layout is refused (every hold reported lost,
 /// every waiter woken): set once by the layer that keeps the holds and waiters.
 type RefusalHook = Box<dyn Fn() + Send + Sync>;

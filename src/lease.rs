@@ -15,14 +15,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use fred::types::Value;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::config::{check_lease, MAX_DURATION};
-use crate::context::Context;
+use crate::context::{Context, Table};
 use crate::error::{Error, Result};
 use crate::keys::LockKeys;
 use crate::owner::Owner;
@@ -386,9 +385,9 @@ impl<K: ?Sized + HoldKind> Hold<K> {
 
 /// Every live hold of one client, by (role, owner, lock).
 pub(crate) struct HoldRegistry<K: ?Sized + HoldKind> {
-    holds: DashMap<String, Arc<Hold<K>>>,
+    holds: Table<String, Arc<Hold<K>>>,
     /// The holds of `holds` by lock id (several owners of a shared lock).
-    by_lock: DashMap<Arc<str>, Vec<Arc<Hold<K>>>>,
+    by_lock: Table<Arc<str>, Vec<Arc<Hold<K>>>>,
     /// Wakes the watchdog early, when a new hold is due before its planned wake-up.
     kick: Notify,
     /// When the watchdog plans to wake up next, in ms since `epoch`.
@@ -399,8 +398,8 @@ pub(crate) struct HoldRegistry<K: ?Sized + HoldKind> {
 impl<K: ?Sized + HoldKind> Default for HoldRegistry<K> {
     fn default() -> Self {
         HoldRegistry {
-            holds: DashMap::new(),
-            by_lock: DashMap::new(),
+            holds: Table::default(),
+            by_lock: Table::default(),
             kick: Notify::new(),
             next_wake_ms: AtomicU64::new(0),
             epoch: Instant::now(),

@@ -21,11 +21,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use fred::types::Value;
 use tokio::sync::watch;
 
-use crate::context::{BoxFuture, Context};
+use crate::context::{BoxFuture, Context, Table};
 use crate::error::Result;
 use crate::notify::{WaiterTable, WakeRule};
 use crate::scripts::{int_array, Script, ScriptKeys, SCRIPTS};
@@ -49,7 +48,7 @@ pub(crate) trait RedisQueue: Send + Sync + 'static {
 /// The queued waiters of one client, by waiter id.
 #[derive(Default)]
 pub(crate) struct QueuedWaiters {
-    waiters: DashMap<Arc<str>, Arc<dyn RedisQueue>>,
+    waiters: Table<Arc<str>, Arc<dyn RedisQueue>>,
 }
 
 impl QueuedWaiters {

@@ -24,10 +24,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dashmap::DashMap;
 use tokio::time::Instant;
 
 use super::Driver;
+use crate::context::Table;
 use crate::error::Result;
 
 /// How long past the envoy's holder bound the tasks behind it wait before they ask Redis
@@ -39,7 +39,7 @@ const BOUND_GRACE: Duration = Duration::from_secs(1);
 /// attempt is in flight).
 #[derive(Default)]
 pub(crate) struct Envoys {
-    slots: DashMap<Arc<str>, (Arc<str>, Option<Instant>)>,
+    slots: Table<Arc<str>, (Arc<str>, Option<Instant>)>,
 }
 
 impl Envoys {

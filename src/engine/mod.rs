@@ -38,13 +38,12 @@ use std::ops::Deref;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use fred::clients::Client;
 use fred::interfaces::ClientLike;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::context::{BoxFuture, Context};
+use crate::context::{BoxFuture, Context, Table};
 use crate::error::{NotHeldReason, Result};
 use crate::lease::{run_watchdog, Hold, HoldKind, HoldRegistry, LostCause};
 use crate::notify::{hang_up, Bid, WaiterTable};
@@ -205,7 +204,7 @@ pub(crate) struct Core {
     /// Holds whose release is deferred (see [`release`](mod@release)).
     pub(crate) parked: parked::ParkedHolds,
     /// Holds that span several clients (Redlock), by id: released when this client shuts down.
-    pub(crate) spanning: DashMap<u64, Arc<dyn SpanningHold>>,
+    pub(crate) spanning: Table<u64, Arc<dyn SpanningHold>>,
     /// Bounds the acquire attempts in flight at once (see [`MAX_ATTEMPTS_IN_FLIGHT`]).
     pub(crate) attempt_slots: Arc<tokio::sync::Semaphore>,
     /// Which locks this client has seen contended lately (see [`contention`]).
@@ -224,7 +223,7 @@ impl Core {
             waiters,
             queued: QueuedWaiters::default(),
             parked: parked::ParkedHolds::default(),
-            spanning: DashMap::new(),
+            spanning: Table::default(),
             attempt_slots: Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_IN_FLIGHT)),
             contention: contention::ContentionHints::default(),
             envoys: envoy::Envoys::default(),

@@ -16,18 +16,18 @@
 
 use std::sync::Arc;
 
-use dashmap::DashMap;
 use tokio::sync::{oneshot, Notify};
 use tokio::time::Instant;
 
 use super::{Driver, DriverHold, Released, Successor};
+use crate::context::Table;
 use crate::error::Result;
 use crate::notify::Bid;
 
 /// Holds whose release is deferred, by lock id (at most one per lock: the lock is exclusive).
 #[derive(Default)]
 pub(crate) struct ParkedHolds {
-    holds: DashMap<Arc<str>, Parked>,
+    holds: Table<Arc<str>, Parked>,
     /// Signalled by every [`finish`](ParkedHolds::finish): shutdown waits for the releases on
     /// their way ([`ParkedHolds::settled`]).
     finished: Notify,

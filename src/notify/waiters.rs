@@ -40,11 +40,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use tokio::time::Sleep;
 
 use super::event::{Granted, WakeRule};
 use super::handover::{Bid, Handover};
+use crate::context::Table;
 
 /// Not woken since its last wait.
 const IDLE: u8 = 0;
@@ -89,7 +89,7 @@ type QueuedBehind = Box<dyn Fn(&str, Option<u64>) + Send + Sync>;
 /// All local waiters of this process, by lock id.
 #[derive(Default)]
 pub(crate) struct WaiterTable {
-    pub(super) queues: DashMap<Arc<str>, VecDeque<Arc<Waiter>>>,
+    pub(super) queues: Table<Arc<str>, VecDeque<Arc<Waiter>>>,
     wakeups: AtomicU64,
     queued_behind: OnceLock<QueuedBehind>,
     /// `held` notices heard.
