@@ -401,10 +401,65 @@ async fn a_waiter_queued_behind_a_taken_hold_makes_its_release_deferred() {
         assert_eq!(
             b.stats().queued_behind,
             0,
-            "{mode:?}: a granted hold asks for no notice"
+            "{mode:?}: nobody queued behind B's grant"
         );
         b_guard.unlock().await.unwrap();
         assert!(!a_mutex.is_locked().await.unwrap(), "{mode:?}");
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
+/// A hold granted with nobody left queued behind it hears of a waiter that queues later, as a
+/// taken hold does (the grant gives field `i` of `lua/lib/hold.lua` to the grantee's client):
+/// its release is deferred, and grants the lock to that waiter. Without the notice, two
+/// clients taking turns would each need a release and an acquire call per turn once a release
+/// had found the queue empty.
+#[tokio::test(flavor = "current_thread")]
+async fn a_waiter_queued_behind_a_granted_hold_makes_its_release_deferred() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let a = connect(config(&server, "granted", mode)).await;
+        let b = connect(config(&server, "granted", mode)).await;
+        let (a_owner, b_owner) = (Owner::new(), Owner::new());
+        let a_mutex = a.mutex(NAME).unwrap().with_owner(&a_owner);
+        let b_mutex = b.mutex(NAME).unwrap().with_owner(&b_owner);
+
+        let a_guard = bounded("A locks", a_mutex.lock()).await.unwrap();
+        let hold_key =
+            find_hold(&server, &prefix("granted", mode), "mutex", NAME).expect("the hold");
+        let b_waiter = queue_lock(&server, &hold_key, b_mutex.clone(), 1).await;
+        a_guard.unlock().await.unwrap();
+        let b_guard = joined("B is granted the lock", b_waiter).await.unwrap();
+        assert_eq!(b.stats().granted, 1, "{mode:?}: by A's release");
+        assert!(
+            queued_waiters(&server, &hold_key).is_empty(),
+            "{mode:?}: nobody left queued behind the grant"
+        );
+
+        let a_waiter = queue_lock(&server, &hold_key, a_mutex.clone(), 1).await;
+        eventually_async("B hears of A's waiter behind its granted hold", || async {
+            b.stats().queued_behind == 1
+        })
+        .await;
+        let token = b_guard.fencing_token();
+        b_guard.unlock().await.unwrap();
+        assert_eq!(
+            b.stats().deferred_releases,
+            1,
+            "{mode:?}: parked, not yet sent"
+        );
+        assert_eq!(
+            hold_owner(&server, &hold_key).as_deref(),
+            Some(b_owner.id()),
+            "{mode:?}: nothing sent before the releasing task yields"
+        );
+        let a_guard = joined("A is granted the lock", a_waiter).await.unwrap();
+        assert!(a_guard.fencing_token() > token, "{mode:?}");
+        assert_eq!(a.stats().granted, 1, "{mode:?}: by B's deferred release");
+        a_guard.unlock().await.unwrap();
+        assert!(!b_mutex.is_locked().await.unwrap(), "{mode:?}");
         shutdown(&a).await;
         shutdown(&b).await;
     }

@@ -30,7 +30,9 @@
 --      (hold_acquire.lua, ARGV[10]), else "": the join that queues the hold's first waiter
 --      sends that client "0|held|<token>|<lock id>" (the hold's token) and clears it. Every
 --      write of a new hold sets it (a take as asked, a hand-over to the successor's client, a
---      grant to ""); a free lock keeps the last one, which no join reads (a join needs a hold)
+--      grant that leaves waiters queued to "": the grant's event tells their count; a grant
+--      that leaves nobody queued to the grantee's client, so that it hears of a waiter that
+--      comes later); a free lock keeps the last one, which no join reads (a join needs a hold)
 --
 -- The wait queue is a sorted set of its own (KEYS[2], "queue", same hash tag), not a field of
 -- the hash: Redis's Lua hashes every byte of every string a script reads or builds (about 12
@@ -373,8 +375,10 @@ local function fl_grant_next(hold, queue, fields, x, events, mode, lock_id, tail
       text = text or fl_next_token(fields[3])
       local left = joined and count + 1 or count
       local k, queue_ttl = fl_queue_outlast(fields[10], left, lasts)
+      -- Field i: with nobody left queued, the grantee's client hears of the next waiter.
       local args = {'o', owner, 'c', '1', 'f', text, 'l', lasts, 'r', waiter, 'x', x,
-        'q', string.format('%d', left), 'g', waiter, 't', '1', 'i', '', 'k', k or ''}
+        'q', string.format('%d', left), 'g', waiter, 't', '1', 'i', left == 0 and inbox or '',
+        'k', k or ''}
       redis.call('HSET', hold, unpack(args, 1, k and 22 or 20))
       if not popped then
         fl_queue_call(queue, 'ZREM', head)

@@ -345,6 +345,7 @@ fn hold_heartbeat_finds_queued_and_granted_waiters_and_writes_nothing() {
             r: "b-inner".to_owned(),
             x: "a-release".to_owned(),
             q: lua.line("wc", "c", LEASE, WAITER_LEASE),
+            i: String::new(),
             ..granted("b", tb, WAITER_LEASE, "wb")
         },
         LEASE,

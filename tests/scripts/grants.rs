@@ -50,6 +50,7 @@ fn grants_to_the_first_waiter_whose_inbox_exists(mode: &'static str) {
         &HoldHash {
             x: "a-release".to_owned(),
             q: lua.line("wd", "d", 2_000, 2_000),
+            i: String::new(),
             ..granted("c", tc, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,
@@ -171,6 +172,7 @@ fn a_release_wakes_the_waiters_that_are_only_woken_and_grants_the_next() {
         &HoldHash {
             x: "a-release".to_owned(),
             q: lua.line("wz", "z", 2_000, 0),
+            i: String::new(),
             ..granted("c", tc, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,
@@ -262,6 +264,7 @@ fn pubsub_grants_go_to_the_first_waiter_whose_inbox_has_a_subscriber() {
         &HoldHash {
             x: "a-release".to_owned(),
             q: lua.line("wd", "d", LEASE, WAITER_LEASE),
+            i: String::new(),
             ..granted("c", tc, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,

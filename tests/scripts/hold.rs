@@ -186,6 +186,7 @@ fn a_reentry_drops_the_callers_own_queue_line() {
         &HoldHash {
             x: "a-release".to_owned(),
             q: after_wp1,
+            i: String::new(),
             ..granted("p", tp, WAITER_LEASE, "wp1")
         },
         WAITER_LEASE,
@@ -207,6 +208,7 @@ fn a_reentry_drops_the_callers_own_queue_line() {
         r: "p-wait-2-again".to_owned(),
         x: "a-release".to_owned(),
         q: lua.line("wc", "c", LEASE, WAITER_LEASE),
+        i: String::new(),
         ..granted("p", tp, WAITER_LEASE, "wp1")
     };
     lua.assert_hold(&reentered, LEASE, "wp2's re-entry");
@@ -325,6 +327,7 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
                 lua.line("wc", "c", LEASE, WAITER_LEASE),
             ]
             .concat(),
+            i: String::new(),
             ..granted("p", tp, WAITER_LEASE, "wp1")
         },
         WAITER_LEASE,
@@ -343,6 +346,7 @@ fn a_grant_stays_the_waiters_after_another_task_of_its_owner_reenters() {
         r: "p-wait-2-again".to_owned(),
         x: "a-release".to_owned(),
         q: lua.line("wc", "c", LEASE, WAITER_LEASE),
+        i: String::new(),
         ..granted("p", tp, WAITER_LEASE, "wp1")
     };
     lua.assert_hold(&reentered, LEASE, "wp2's re-entry on wp1's grant");
@@ -712,6 +716,7 @@ fn a_release_hands_the_lock_to_a_successor_until_the_queue_head_has_waited_the_l
     let c_holds = HoldHash {
         x: "f-release,d-release,b-release,a-release".to_owned(),
         q: lua.line("we", "e", LEASE, WAITER_LEASE),
+        i: String::new(),
         ..granted("c", tb + 3, WAITER_LEASE, "wc")
     };
     lua.assert_hold(&c_holds, WAITER_LEASE, "wc's grant: it waited the limit");
@@ -941,6 +946,7 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
     let b_holds = HoldHash {
         x: "a-release".to_owned(),
         q: s_line.clone(),
+        i: String::new(),
         ..granted("b", t + 1, WAITER_LEASE, "wb")
     };
     lua.assert_hold(&b_holds, WAITER_LEASE, "wb's grant, ws queued behind it");
@@ -1015,6 +1021,7 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
         &HoldHash {
             x: "e-release,s-release,b-release,a-release".to_owned(),
             q: wg_line,
+            i: String::new(),
             ..granted("c", t + 4, WAITER_LEASE, "wc")
         },
         WAITER_LEASE,
@@ -1036,6 +1043,7 @@ fn a_take_over_joins_the_queue_behind_the_head_that_waited_the_limit() {
         &HoldHash {
             x: "c-release,e-release,s-release,b-release,a-release".to_owned(),
             q: lua.line("we2", "e", SUCCESSOR_LEASE, 3_000),
+            i: String::new(),
             ..granted("g", t + 5, WAITER_LEASE, "wg")
         },
         WAITER_LEASE,
@@ -1144,7 +1152,8 @@ fn a_release_naming_a_floor_continues_the_tokens_above_it() {
 /// waiter sends that client `0|held|<token>|<lock id>` and clears `i`, so a later waiter, or
 /// one that queues again after the queue emptied, sends nothing more for this hold. A try
 /// (which never queues) sends nothing; nor does a hold taken without asking. A hand-over
-/// passes `i` to the successor's client (a task of the releasing process); a grant clears it.
+/// passes `i` to the successor's client (a task of the releasing process); a grant that leaves
+/// nobody queued gives it to the grantee's client (one that leaves waiters clears it).
 #[test]
 fn the_first_waiter_behind_a_hold_tells_its_holders_client_once() {
     init_tracing();
@@ -1184,19 +1193,24 @@ fn the_first_waiter_behind_a_hold_tells_its_holders_client_once() {
         "one notice per hold, however often its queue fills again"
     );
 
-    // A grant clears i: the granted holder's client hears of nobody queuing behind it.
+    // A grant that leaves nobody queued gives i to the grantee's client: it hears of the first
+    // waiter that queues behind the granted hold, once.
     assert_eq!(lua.release("a", t, "a-free"), vec![1, 0]);
     let granted_token = lua.token();
-    assert_eq!(lua.hash().i, "");
+    assert_eq!(lua.hash().i, tag("c"));
     assert_eq!(
         lua.acquire(Ask::waiting("b", "b-2", "wb2")),
         busy(WAITER_LEASE, granted_token)
     );
-    assert!(
-        !lua.inbox_events("c").iter().any(|e| e.contains("|held|")),
-        "a granted hold asked for nothing: {:?}",
-        lua.inbox_events("c")
-    );
+    let notices = |owner: &str| -> Vec<String> {
+        let events = lua.inbox_events(owner);
+        events
+            .into_iter()
+            .filter(|e| e.contains("|held|"))
+            .collect()
+    };
+    assert_eq!(notices("c"), vec![held_notice(granted_token)]);
+    assert_eq!(lua.hash().i, "", "told once: i is cleared");
 
     // A hand-over passes i to the successor's client, which hears of the next first waiter.
     let handed = lua.hand_over("c", granted_token, "c-free", ("c", "wc-next"));

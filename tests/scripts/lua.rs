@@ -332,10 +332,11 @@ pub(crate) fn handed_over(owner: &str, token: i64, lease: i64, waiter: &str) -> 
 
 /// A hold that a release (or a leave, or a force unlock) granted to `waiter` of `owner`, the
 /// first waiter of the queue: handed (see [`handed_over`]) and the queue's turn (`t` = "1").
+/// With nobody left queued behind it, `owner`'s client is to hear of the next waiter (`i`);
+/// a test that leaves waiters queued sets `q` and clears `i`.
 pub(crate) fn granted(owner: &str, token: i64, lease: i64, waiter: &str) -> HoldHash {
     HoldHash {
         t: "1".to_owned(),
-        i: String::new(),
         ..handed_over(owner, token, lease, waiter)
     }
 }
