@@ -22,7 +22,8 @@
 --      writes the lock after it lapsed drops both (fl_rw_put_reads)
 --   i  the inbox tag of the write holder's client when it asked to hear of the hold's first
 --      waiter, as in lib/hold.lua (rw_acquire.lua, ARGV[12]): a writer's take sets it, a grant
---      to a writer clears it, a write hand-over gives it to the successor's client, and the
+--      to a writer gives it to the grantee's client when it leaves nobody queued (else clears
+--      it), a write hand-over gives it to the successor's client, and the
 --      call that queues the first waiter behind a live write hold sends the notice and clears it
 --   n  the permit count of a semaphore (src/lock/semaphore.rs), which is this lock's read side
 --      with at most n read holds at once and no writer (every acquisition has an owner of its
@@ -424,6 +425,11 @@ local function fl_rw_grant(hold, queue, reads, f, state, now_us, x, events, mode
         if fl_emit_to(events .. ':to:' .. inbox, mode,
             '0|grant|' .. waiter .. ',' .. text .. ',' .. lasts .. ',' .. queued .. '|' .. lock_id) then
           state.writer, state.ends = owner, ends
+          if queued == 0 then
+            -- Nobody left queued: the grantee's client hears of the next waiter (field i,
+            -- rw_acquire.lua), as after a take that asked to.
+            redis.call('HSET', hold, 'i', inbox)
+          end
           fl_rw_keep(hold, reads, state, now_ms, window)
           return 'w'
         end

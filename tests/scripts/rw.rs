@@ -2341,8 +2341,8 @@ fn a_leave_that_grants_nothing_drops_the_dead_waiters_it_met() {
 /// `lib/rw.lua`): a writer's take that asks for it keeps its client's inbox tag in `i`, the
 /// call that queues the first waiter behind the live write hold (a reader here) sends that
 /// client `0|held|<token>|<lock id>` and clears `i`, and later waiters send nothing. A grant
-/// to a writer clears `i`; a write hand-over gives it to the successor's client. A read hold
-/// never asks: readers are not deferred.
+/// to a writer that leaves nobody queued gives `i` to the grantee's client; a write hand-over
+/// gives it to the successor's client. A read hold never asks: readers are not deferred.
 #[test]
 fn the_first_waiter_behind_a_write_hold_tells_its_holders_client_once() {
     init_tracing();
@@ -2365,13 +2365,21 @@ fn the_first_waiter_behind_a_write_hold_tells_its_holders_client_once() {
     assert_eq!(rw.acquire(Bid::write("c", "c-wait").waiting("wc"))[0], 0);
     assert_eq!(rw.inbox_events("a").len(), 1, "one notice per hold");
 
-    // The release grants the reader (the head), then the writer: a granted write hold asked
-    // for nothing.
+    // The release grants the reader (the head), then the writer: a write hold granted with
+    // nobody left queued gives i to its client, which hears of the first waiter behind it.
     assert_eq!(rw.release(WRITE, "a", t, "a-free"), vec![1, 0]);
     let tb = rw.read_token("b");
     assert_eq!(rw.release(READ, "b", tb, "b-free"), vec![1, 0]);
     let tc = rw.token();
-    assert_eq!(rw.notice_tag(), "", "a granted writer's i is clear");
+    assert_eq!(
+        rw.notice_tag(),
+        tag("c"),
+        "a granted writer with nobody behind"
+    );
+    assert_eq!(rw.acquire(Bid::read("b", "b-behind").waiting("rb1"))[0], 0);
+    assert_eq!(rw.inbox_events("c").last(), Some(&held_notice(tc)));
+    assert_eq!(rw.notice_tag(), "", "told once: i is cleared");
+    assert_eq!(rw.leave("rb1"), vec![1]);
 
     // A write hand-over (nobody queued) gives i to the successor's client.
     let handed = rw.take_over("c", tc, "c-free", ("c", "wc-next"));
