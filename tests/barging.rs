@@ -354,6 +354,36 @@ async fn an_uncontended_unlock_is_done_when_it_returns() {
     }
 }
 
+/// Once the holder's client (`holder`, holding for `owner`) has heard of the waiter of another
+/// client queued behind the hold of `guard` (its first `held` notice), the hold's `unlock()` is
+/// parked, with nothing sent until the releasing task yields; the deferred release then grants
+/// the lock to `waiter`, with a higher token. Returns its guard.
+async fn deferred_release_grants(
+    server: &RedisServer,
+    hold_key: &str,
+    (holder, owner): (&LockClient, &Owner),
+    guard: MutexGuard,
+    waiter: JoinHandle<Result<MutexGuard>>,
+) -> MutexGuard {
+    eventually_async("the holder's client hears of the waiter", || async {
+        holder.stats().queued_behind == 1
+    })
+    .await;
+    let token = guard.fencing_token();
+    guard.unlock().await.unwrap();
+    assert_eq!(holder.stats().deferred_releases, 1, "parked, not yet sent");
+    assert_eq!(
+        hold_owner(server, hold_key).as_deref(),
+        Some(owner.id()),
+        "nothing sent before the releasing task yields"
+    );
+    let granted = joined("the waiter is granted the lock", waiter)
+        .await
+        .unwrap();
+    assert!(granted.fencing_token() > token);
+    granted
+}
+
 /// A hold its owner took with nobody waiting becomes contended when a waiter of another
 /// client queues behind it: Redis tells the holder's client (one `held` event into its inbox,
 /// `lua/hold_acquire.lua`), and the hold's release is deferred from then on, like a granted
@@ -375,24 +405,8 @@ async fn a_waiter_queued_behind_a_taken_hold_makes_its_release_deferred() {
         let hold_key =
             find_hold(&server, &prefix("behind", mode), "mutex", NAME).expect("the hold");
         let waiter = queue_lock(&server, &hold_key, b_mutex.clone(), 1).await;
-        eventually_async("A hears of B's waiter", || async {
-            a.stats().queued_behind == 1
-        })
-        .await;
-        let token = guard.fencing_token();
-        guard.unlock().await.unwrap();
-        assert_eq!(
-            a.stats().deferred_releases,
-            1,
-            "{mode:?}: parked, not yet sent"
-        );
-        assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(a_owner.id()),
-            "{mode:?}: nothing sent before the releasing task yields"
-        );
-        let b_guard = joined("B is granted the lock", waiter).await.unwrap();
-        assert!(b_guard.fencing_token() > token, "{mode:?}");
+        let holder = (&a, &a_owner);
+        let b_guard = deferred_release_grants(&server, &hold_key, holder, guard, waiter).await;
         eventually("A's deferred release is done", || {
             a.stats().deferred_releases == 0
         })
@@ -439,24 +453,8 @@ async fn a_waiter_queued_behind_a_granted_hold_makes_its_release_deferred() {
         );
 
         let a_waiter = queue_lock(&server, &hold_key, a_mutex.clone(), 1).await;
-        eventually_async("B hears of A's waiter behind its granted hold", || async {
-            b.stats().queued_behind == 1
-        })
-        .await;
-        let token = b_guard.fencing_token();
-        b_guard.unlock().await.unwrap();
-        assert_eq!(
-            b.stats().deferred_releases,
-            1,
-            "{mode:?}: parked, not yet sent"
-        );
-        assert_eq!(
-            hold_owner(&server, &hold_key).as_deref(),
-            Some(b_owner.id()),
-            "{mode:?}: nothing sent before the releasing task yields"
-        );
-        let a_guard = joined("A is granted the lock", a_waiter).await.unwrap();
-        assert!(a_guard.fencing_token() > token, "{mode:?}");
+        let holder = (&b, &b_owner);
+        let a_guard = deferred_release_grants(&server, &hold_key, holder, b_guard, a_waiter).await;
         assert_eq!(a.stats().granted, 1, "{mode:?}: by B's deferred release");
         a_guard.unlock().await.unwrap();
         assert!(!b_mutex.is_locked().await.unwrap(), "{mode:?}");
