@@ -117,7 +117,10 @@ pub struct Config {
     /// gets every other hold, then every hold). A longer bound gives more throughput under
     /// contention and longer waits to the other processes (under 64 processes fighting for
     /// one lock, the longest wait is about four to five bounds); 20 ms by default, zero turns
-    /// hand-overs (and [`Config::defer_release`]) off; at most 10 s.
+    /// hand-overs (and [`Config::defer_release`]) off; at most 10 s. Within a process, a task
+    /// that releases and asks again takes the lock straight back until another task of the
+    /// process has waited a twentieth of the bound (1 ms by default); then the release hands
+    /// that task the lock.
     #[serde(with = "humantime_serde")]
     pub handover_limit: Duration,
     /// [`Mutex`](crate::Mutex) (with a non-zero [`Config::handover_limit`]) and

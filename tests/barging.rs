@@ -916,6 +916,57 @@ async fn tasks_of_one_client_hand_the_hold_on_without_a_call() {
     }
 }
 
+/// Within a process the lock barges, with a bound: a task that releases and asks again takes
+/// the lock straight back (without a call) while another task of its process has waited less
+/// than a twentieth of `handover_limit` (here 500 ms); once that task has waited longer, the
+/// release hands it the lock and the asking task waits for its turn.
+#[tokio::test(flavor = "current_thread")]
+async fn a_releasing_task_takes_the_lock_back_until_a_local_waiter_is_due() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let (a, b) = clients_within(&server, "rebarge", mode, |_| {}).await;
+        let mutex = a.mutex(NAME).unwrap();
+        let first = bounded("the first task locks", mutex.lock()).await.unwrap();
+        let second = second_task(&a, &mutex).await;
+
+        // At once: the first task takes the lock back; the second one still waits.
+        let before = a.stats();
+        first.unlock().await.unwrap();
+        let again = bounded("the first task locks again", mutex.lock())
+            .await
+            .unwrap();
+        let after = a.stats();
+        assert_eq!(after.handed_locally, before.handed_locally + 1, "{mode:?}");
+        assert_eq!(after.attempts, before.attempts, "{mode:?}: no call");
+        assert!(!second.is_finished(), "{mode:?}: the second task waits on");
+        assert_eq!(a.stats().waiting, 1, "{mode:?}");
+
+        // Past the second task's patience, the release hands it the lock.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let token = again.fencing_token();
+        again.unlock().await.unwrap();
+        let relock = {
+            let mutex = mutex.clone();
+            tokio::spawn(async move { mutex.lock().await })
+        };
+        let handed = joined("the second task is handed the lock", second)
+            .await
+            .unwrap();
+        assert!(handed.fencing_token() > token, "{mode:?}");
+        assert!(!relock.is_finished(), "{mode:?}: the first task waits now");
+        let last = handed.fencing_token();
+        handed.unlock().await.unwrap();
+        let relocked = joined("the first task gets its turn", relock)
+            .await
+            .unwrap();
+        assert!(relocked.fencing_token() > last, "{mode:?}");
+        relocked.unlock().await.unwrap();
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
 /// A hold handed on within the process is renewed, and lost, as the hold in Redis it stands
 /// on: its watchdog renews the first task's hold in Redis past several leases, and when
 /// another client force-unlocks the lock, the handed-on guard hears that it lost it.

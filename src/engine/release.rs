@@ -49,6 +49,18 @@ use crate::owner::{op_id, Owner};
 /// its lease left: the release that ends it must run well before Redis would drop it by itself.
 pub(super) const DEFER_MIN_LEFT: Duration = Duration::from_millis(200);
 
+/// How long a task of this client may wait for a lock that other tasks of the client keep
+/// taking straight back (barging) before a release hands it the lock: a twentieth of the
+/// hand-over limit (1 ms by default), as `parking_lot` forces a hand-off to a waiter that
+/// waited about half a millisecond. The clock restarts at each such hand-over, so the tasks of
+/// a process take the lock in runs of about this long, in the order they began to wait.
+pub(super) fn local_patience(handover_limit: Duration) -> Duration {
+    handover_limit / LOCAL_PATIENCE_SHARE
+}
+
+/// See [`local_patience`].
+const LOCAL_PATIENCE_SHARE: u32 = 20;
+
 /// How long an acquisition that asked for a parked hold waits for the hold's task to start
 /// sending the take-over (it starts as soon as the releasing task yields) before it sends the
 /// call itself: bounds the wait when the releasing task keeps its worker busy.
@@ -100,22 +112,29 @@ pub(crate) async fn release_hold(hold: &Arc<DriverHold>) -> Result<Released> {
     Box::pin(release_now(hold)).await
 }
 
-/// Parks `hold` instead of releasing it, if it may be: a barging mutex's last level, its lease
-/// intact with time to spare, no task of this client waiting for the lock already (that one
-/// is handed the lock at once), the client open and inside a runtime. A background task
-/// releases it once the releasing task yields, unless an acquisition took it over meanwhile.
+/// Parks `hold` instead of releasing it, if it may be: a barging mutex's last level, contended
+/// (in Redis, or by a task of this client), its lease intact with time to spare, no task of
+/// this client that has waited [`local_patience`] for it (that one is handed the lock at
+/// once), the client open and inside a runtime. A background task releases it once the
+/// releasing task yields (handing it to a local waiter, if one waits), unless an acquisition
+/// took it over meanwhile.
 fn defer(hold: &Arc<DriverHold>) -> bool {
     let driver = &hold.lock;
     let core = driver.engine();
-    let deferrable = driver.defers_releases()
-        && hold.is_contended()
+    if !driver.defers_releases() {
+        return false;
+    }
+    let local = core.waiters.handover_due(
+        driver.keys().id(),
+        hold.owner.id(),
+        local_patience(core.ctx.config.handover_limit),
+    );
+    let deferrable = (hold.is_contended() || local.is_some())
+        && local != Some(true)
         && hold.guards() == 0
         && hold.lost_cause().is_none()
         && hold.deadline() > Instant::now() + DEFER_MIN_LEFT
-        && core.ctx.check_open().is_ok()
-        && !core
-            .waiters
-            .has_handover_candidate(driver.keys().id(), hold.owner.id());
+        && core.ctx.check_open().is_ok();
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return false;
     };

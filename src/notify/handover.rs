@@ -25,7 +25,7 @@
 //!   the handed hold its own by its waiter id): nobody releases anything, and a `deliver` that
 //!   arrives afterwards still counts as delivered.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -98,6 +98,11 @@ impl State {
 /// A waiter's hand-over: its [`State`] and the hold a release of this process handed it.
 pub(super) struct Handover {
     state: AtomicU8,
+    /// Since when (µs on [`clock_us`]) the waiter waits for a release of this process to hand
+    /// it the lock: since it registered, or since such a release last handed the lock to
+    /// another waiter of the lock. Releases let their own task take the lock straight back
+    /// (barging) until it has waited a while (see [`WaiterTable::handover_due`]).
+    since: AtomicU64,
     /// Boxed: set only for the waiters a release hands the lock to, and every waiting task
     /// keeps a `Handover` (see `docs/benchmarks.md`, S4).
     handed: OnceLock<Box<HandedOver>>,
@@ -107,6 +112,7 @@ impl Handover {
     pub(super) fn new() -> Self {
         Handover {
             state: AtomicU8::new(State::Open as u8),
+            since: AtomicU64::new(clock_us()),
             handed: OnceLock::new(),
         }
     }
@@ -131,6 +137,11 @@ impl WaiterTable {
             w.may_take_over_from(releaser)
                 && w.handover.transition(State::Open, State::Claimed).is_ok()
         })?;
+        // The claimed waiter's turn begins: the others' patience counts from here.
+        let now = clock_us();
+        for other in queue.iter() {
+            other.handover.since.store(now, Ordering::Relaxed);
+        }
         Some(Claim {
             waiter: waiter.clone(),
         })
@@ -165,15 +176,36 @@ impl WaiterTable {
             .min()
     }
 
-    /// Whether a release by `releaser` would find a local waiter of `lock_id` to claim.
-    pub(crate) fn has_handover_candidate(&self, lock_id: &str, releaser: &str) -> bool {
-        self.queues.get(lock_id).is_some_and(|queue| {
-            queue.iter().any(|w| {
+    /// Whether a release by `releaser` would find a local waiter of `lock_id` to claim (None:
+    /// it would not), and whether one of them has waited `patience` for it: since it began to
+    /// wait, or since a release of this process last handed the lock to another of them. Until
+    /// then the releasing task may take the lock straight back; after, the release hands it on.
+    pub(crate) fn handover_due(
+        &self,
+        lock_id: &str,
+        releaser: &str,
+        patience: Duration,
+    ) -> Option<bool> {
+        let queue = self.queues.get(lock_id)?;
+        let patience = u64::try_from(patience.as_micros()).unwrap_or(u64::MAX);
+        let now = clock_us();
+        queue
+            .iter()
+            .filter(|w| {
                 w.may_take_over_from(releaser)
                     && State::from_u8(w.handover.state.load(Ordering::Acquire)) == State::Open
             })
-        })
+            .map(|w| now.saturating_sub(w.handover.since.load(Ordering::Relaxed)) >= patience)
+            .reduce(|a, b| a || b)
     }
+}
+
+/// Microseconds since this process first asked (a monotonic clock; tokio's, so that tests
+/// with a paused clock see it advance with theirs).
+fn clock_us() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(Instant::now().saturating_duration_since(base).as_micros()).unwrap_or(u64::MAX)
 }
 
 impl Waiter {
