@@ -440,6 +440,7 @@ impl LockClient {
             granted: ctx.granted.load(Ordering::Relaxed),
             handed_over: ctx.handed_over.load(Ordering::Relaxed),
             taken_over: ctx.taken_over.load(Ordering::Relaxed),
+            deferred_lazily: ctx.deferred_lazily.load(Ordering::Relaxed),
             handed_locally: ctx.handed_locally.load(Ordering::Relaxed),
             deferred_releases: core.parked.len(),
             queued_behind: core.waiters.notices(),
@@ -530,6 +531,12 @@ pub struct ClientStats {
     /// Releases deferred right now, waiting for the releasing task to yield or a task of this
     /// client to take them over (not counting those an acquisition asked for already).
     pub deferred_releases: usize,
+    /// Releases deferred *lazily* since start: releases of a loop (their hold was taken over
+    /// from the task's own deferred release) that wait for the next acquisition of the loop
+    /// without a release task of their own; the lock's turn timer releases one that nobody
+    /// takes over by the end of its hand-over window (see
+    /// [`Config::defer_release`](crate::Config::defer_release)).
+    pub deferred_lazily: u64,
     /// Notices that the first waiter queued behind a hold of this client that nobody waited
     /// for when it began, since start: such a hold's release is deferred from then on, like
     /// that of a hold granted with waiters behind it (see

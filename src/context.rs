@@ -67,6 +67,8 @@ pub(crate) struct Context {
     pub(crate) handed_over: AtomicU64,
     /// Acquisitions that took over a deferred release (diagnostics).
     pub(crate) taken_over: AtomicU64,
+    /// Releases deferred lazily (see `crate::engine::parked`), since start.
+    pub(crate) deferred_lazily: AtomicU64,
     /// Acquisitions handed a hold within this client without a call (diagnostics).
     pub(crate) handed_locally: AtomicU64,
     /// Takes and releases answered by an exclusive lock's fast path (diagnostics).
@@ -104,6 +106,7 @@ impl Context {
             fast_paths: AtomicU64::new(0),
             handed_over: AtomicU64::new(0),
             taken_over: AtomicU64::new(0),
+            deferred_lazily: AtomicU64::new(0),
             handed_locally: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             hung_up: AtomicBool::new(false),

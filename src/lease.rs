@@ -291,6 +291,10 @@ pub(crate) struct Hold<K: ?Sized + HoldKind> {
     /// handed over), or one queued behind it since (a `held` notice, [`HoldRegistry::queued_behind`]).
     /// Its release is then worth deferring for a task of this client (see `crate::engine::release`).
     contended: AtomicBool,
+    /// The acquisition took it over from a deferred release of this client (see
+    /// `crate::engine::release`): a task that releases and asks again at once, which it will
+    /// likely do again when it releases this hold.
+    retaken: AtomicBool,
     lost: LostSignal,
 }
 
@@ -302,6 +306,16 @@ impl<K: ?Sized + HoldKind> Hold<K> {
     /// Whether other acquisitions wait for the lock, as far as this client heard.
     pub(crate) fn is_contended(&self) -> bool {
         self.contended.load(Ordering::Acquire)
+    }
+
+    /// Marks the hold as taken over from a deferred release of this client.
+    pub(crate) fn mark_retaken(&self) {
+        self.retaken.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the hold was taken over from a deferred release of this client.
+    pub(crate) fn was_retaken(&self) -> bool {
+        self.retaken.load(Ordering::Relaxed)
     }
 
     /// Guards alive on this hold (0 once its last guard was released).
@@ -464,6 +478,7 @@ impl<K: ?Sized + HoldKind> HoldRegistry<K> {
                 }),
                 guards: AtomicUsize::new(1),
                 contended: AtomicBool::new(contended),
+                retaken: AtomicBool::new(false),
                 lost: LostSignal::default(),
             })
         };

@@ -967,6 +967,58 @@ async fn a_releasing_task_takes_the_lock_back_until_a_local_waiter_is_due() {
     }
 }
 
+/// A loop's release is deferred lazily: the hold of a task that took it over from its own
+/// deferred release is parked without a release task, the next `lock()` of the loop takes it
+/// over without a call, and when the loop stops, the lock's turn timer releases the hold that
+/// nobody took over, which grants the lock to the client queued behind it. A's lease outlasts
+/// the test's patience, so only that timer can serve B here.
+#[tokio::test(flavor = "current_thread")]
+async fn a_loop_parks_its_releases_lazily_and_its_last_one_is_released_by_the_turn_timer() {
+    init_tracing();
+    let server = RedisServer::start();
+    for mode in MODES {
+        let (a, b) = clients_within(&server, "lazy", mode, |config| {
+            config.watchdog_lease = Duration::from_secs(300);
+        })
+        .await;
+        let mutex = a.mutex(NAME).unwrap();
+        let first = bounded("A locks", mutex.lock()).await.unwrap();
+        let hold_key = find_hold(&server, &prefix("lazy", mode), "mutex", NAME).unwrap();
+        let b_task = queue_lock(&server, &hold_key, b.mutex(NAME).unwrap(), 1).await;
+        eventually("A hears that B queued", || a.stats().queued_behind == 1).await;
+
+        // A loop: unlock, lock, unlock, lock... Its first release is parked with a task of its
+        // own; the holds taken over from then on are parked lazily.
+        let mut guard = first;
+        for turn in 0..3u64 {
+            let token = guard.fencing_token();
+            guard.unlock().await.unwrap();
+            let stats = a.stats();
+            assert_eq!(stats.deferred_releases, 1, "{mode:?}");
+            assert_eq!(stats.deferred_lazily, turn, "{mode:?}");
+            guard = bounded("A locks again", mutex.lock()).await.unwrap();
+            assert!(guard.fencing_token() > token, "{mode:?}");
+        }
+        let stats = a.stats();
+        assert_eq!(stats.taken_over, 3, "{mode:?}");
+        assert_eq!(stats.handed_locally, 3, "{mode:?}: no call");
+        assert!(!b_task.is_finished(), "{mode:?}: B waits");
+
+        // The loop stops: its last release is parked lazily, and the turn timer lets it go.
+        let last = guard.fencing_token();
+        guard.unlock().await.unwrap();
+        assert_eq!(a.stats().deferred_lazily, 3, "{mode:?}");
+        let b_guard = joined("B is granted the lock", b_task).await.unwrap();
+        assert!(b_guard.fencing_token() > last, "{mode:?}");
+        assert_eq!(a.stats().deferred_releases, 0, "{mode:?}");
+        assert_eq!(a.stats().held, 0, "{mode:?}");
+        b_guard.unlock().await.unwrap();
+        assert_eq!(hold_owner(&server, &hold_key), None, "{mode:?}");
+        shutdown(&a).await;
+        shutdown(&b).await;
+    }
+}
+
 /// A hold handed on within the process is renewed, and lost, as the hold in Redis it stands
 /// on: its watchdog renews the first task's hold in Redis past several leases, and when
 /// another client force-unlocks the lock, the handed-on guard hears that it lost it.

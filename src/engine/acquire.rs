@@ -235,6 +235,7 @@ fn acquire_loop(
             }
             let ctx = &driver.engine().ctx;
             ctx.taken_over.fetch_add(1, Ordering::Relaxed);
+            hold.mark_retaken();
             return Ok(Some(hold));
         }
         if driver.engine().parked.parked_for(driver.as_ref()) {
@@ -258,7 +259,9 @@ fn acquire_loop(
                         quiet,
                     };
                     let hold = take_up(&driver, &owner, token, lease, timing, source, &mut queued);
-                    return Box::pin(hold).await.map(Some);
+                    let hold = Box::pin(hold).await?;
+                    hold.mark_retaken();
+                    return Ok(Some(hold));
                 }
                 Some(Successor::Queued { ttl, token }) => {
                     driver.engine().contention.contended(driver.keys().id());

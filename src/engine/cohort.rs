@@ -67,16 +67,10 @@ pub(crate) fn hand_over(
         return None;
     }
     let now = Instant::now();
-    let window = window(
-        config.handover_limit,
-        hold.redis.queued,
-        hold.token.saturating_sub(hold.redis.token),
-    );
     let left = hold.deadline().saturating_duration_since(now);
     let lasts = left.min(initial);
     let least = initial.min(config.waiter_lease) / 2;
-    let open = now < hold.redis.written_at + window
-        || hold.redis.quiet_until.is_some_and(|until| now < until);
+    let open = window_end(hold) > now;
     if !open || left < DEFER_MIN_LEFT || lasts < least {
         return None;
     }
@@ -87,6 +81,24 @@ pub(crate) fn hand_over(
         quiet: None,
         within: Some((lasts, hold.redis.clone())),
     })
+}
+
+/// When `hold` stops passing on within the process (see [`window`]; the script that wrote it
+/// may have said that nobody is due for longer).
+fn window_end(hold: &DriverHold) -> Instant {
+    let config = &hold.lock.engine().ctx.config;
+    let window = window(
+        config.handover_limit,
+        hold.redis.queued,
+        hold.token.saturating_sub(hold.redis.token),
+    );
+    let end = hold.redis.written_at + window;
+    hold.redis.quiet_until.map_or(end, |until| until.max(end))
+}
+
+/// How long `hold` may still pass on within the process (zero once it may not).
+pub(crate) fn window_left(hold: &DriverHold) -> Duration {
+    window_end(hold).saturating_duration_since(Instant::now())
 }
 
 /// How long after a hold was written in Redis it passes on within the process, with about

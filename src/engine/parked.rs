@@ -13,11 +13,31 @@
 //!   be done and then asks Redis like any other. Otherwise it could reach Redis before the
 //!   release and re-enter the old hold of its own owner, ahead of every queued waiter.
 //! * **gone**: the release is done ([`ParkedHolds::finish`]); its followers hear of it.
+//!
+//! A hold is parked *with* a release task of its own (spawned when it is parked, it runs once
+//! the releasing task yields), or *lazily*: without one, when its acquisition took it over
+//! from a deferred release itself (a task that releases and asks again at once, a loop) and
+//! it may still pass on within the process (`super::cohort`). The task would run, as a rule,
+//! only to find the hold taken over again, and on a multi-threaded runtime it costs more than
+//! that: it sits in the worker's next slot, and the loop's next Redis command, which wakes
+//! fred's router task into that slot, pushes it out and wakes an idle worker thread to steal
+//! it (a futex call and two context switches per acquisition). Instead the lock gets a *turn
+//! timer* ([`ParkedHolds::arm`]), armed by the first lazy park of a turn of this client on the
+//! lock, at the end of its hand-over window (within [`TURN_TIMER_CAP`]): when it fires, the
+//! lazily parked hold nobody took over is released ([`ParkedHolds::lazy_release`]). The turn
+//! ends earlier as a rule (its last release goes to Redis, which drops the timer without
+//! firing it), so a turn costs at most one timer, however many acquisitions it makes. An
+//! acquisition that asks for a lazily parked hold sends the take-over itself
+//! ([`Asked::Release`]).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Waker};
+use std::time::Duration;
 
 use tokio::sync::{oneshot, Notify};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::{Driver, DriverHold, Released, Successor};
 use crate::context::Table;
@@ -28,14 +48,22 @@ use crate::notify::Bid;
 #[derive(Default)]
 pub(crate) struct ParkedHolds {
     holds: Table<Arc<str>, Parked>,
+    /// The turn timers of the locks with lazily parked holds (see the module docs).
+    timers: Table<Arc<str>, Pin<Box<Sleep>>>,
     /// Signalled by every [`finish`](ParkedHolds::finish): shutdown waits for the releases on
     /// their way ([`ParkedHolds::settled`]).
     finished: Notify,
 }
 
+/// The longest a lazily parked hold waits for its turn timer: bounds the wait of the others
+/// when the task that parked it does not ask again (however long the hand-over window).
+pub(crate) const TURN_TIMER_CAP: Duration = Duration::from_millis(20);
+
 /// A parked hold, the acquisition that asked to take it over, and those that asked after.
 struct Parked {
     hold: Arc<DriverHold>,
+    /// Parked without a release task of its own (see the module docs).
+    lazy: bool,
     successor: Option<TakeOver>,
     /// Its release is on its way.
     releasing: bool,
@@ -57,19 +85,35 @@ pub(crate) enum Asked {
     Successor(oneshot::Receiver<Result<Released>>),
     /// The end of a release already on its way (the outcome says `Passed`).
     Follower(oneshot::Receiver<Result<Released>>),
+    /// A lazily parked hold, whose release naming the acquisition the acquisition sends
+    /// itself: nobody else would.
+    Release(Arc<DriverHold>),
 }
 
 impl ParkedHolds {
-    /// Parks `hold`, unless a hold of its lock is parked already.
-    pub(crate) fn park(&self, hold: &Arc<DriverHold>) -> bool {
+    /// Parks `hold`, unless a hold of its lock is parked already; `lazily`: without a release
+    /// task of its own (the caller arms the lock's turn timer).
+    ///
+    /// A parked hold whose release is on its way gives way: this client holds the lock again,
+    /// so that release handed it over already (to `hold`'s acquisition, or to the one `hold`
+    /// was handed on from) and is only finishing (a hand-over lets the new holder run before
+    /// its task goes on). Its followers ask Redis, as when it finishes.
+    pub(crate) fn park(&self, hold: &Arc<DriverHold>, lazily: bool) -> bool {
+        let parked = Parked {
+            hold: hold.clone(),
+            lazy: lazily,
+            successor: None,
+            releasing: false,
+            followers: Vec::new(),
+        };
         match self.holds.entry(hold.lock.keys().id().clone()) {
             dashmap::Entry::Vacant(entry) => {
-                entry.insert(Parked {
-                    hold: hold.clone(),
-                    successor: None,
-                    releasing: false,
-                    followers: Vec::new(),
-                });
+                entry.insert(parked);
+                true
+            }
+            dashmap::Entry::Occupied(mut entry) if entry.get().releasing => {
+                let done = entry.insert(parked);
+                answer_followers(done.followers);
                 true
             }
             dashmap::Entry::Occupied(_) => false,
@@ -91,6 +135,14 @@ impl ParkedHolds {
         if parked.releasing || parked.successor.is_some() {
             parked.followers.push(reply);
             return Some(Asked::Follower(outcome));
+        }
+        if parked.lazy {
+            parked.releasing = true;
+            let hold = parked.hold.clone();
+            drop(parked);
+            // The turn ends here: its last release goes to Redis.
+            self.disarm(lock_id);
+            return Some(Asked::Release(hold));
         }
         parked.successor = Some(TakeOver {
             waiter: waiter.clone(),
@@ -121,15 +173,48 @@ impl ParkedHolds {
         taken
     }
 
+    /// Arms the turn timer of `lock_id` to fire at `at` with `waker`, unless it is armed
+    /// already (see the module docs). Polling the timer once registers it with the runtime's
+    /// timer, which wakes `waker` then; no task waits on it.
+    pub(crate) fn arm(&self, lock_id: &Arc<str>, at: Instant, waker: impl FnOnce() -> Waker) {
+        if let dashmap::Entry::Vacant(entry) = self.timers.entry(lock_id.clone()) {
+            let mut timer = Box::pin(tokio::time::sleep_until(at));
+            let waker = waker();
+            let _ = timer.as_mut().poll(&mut Context::from_waker(&waker));
+            entry.insert(timer);
+        }
+    }
+
+    /// Drops the turn timer of `lock_id` (unfired, it never wakes anything).
+    pub(crate) fn disarm(&self, lock_id: &str) {
+        self.timers.remove(lock_id);
+    }
+
+    /// The turn timer of `lock_id` fired: drops it, and takes the lazily parked hold of the
+    /// lock that nobody asked for, if there is one, for the caller to start its release task.
+    pub(crate) fn lazy_release(&self, lock_id: &str) -> Option<Arc<DriverHold>> {
+        self.disarm(lock_id);
+        let mut parked = self.holds.get_mut(lock_id)?;
+        if !parked.lazy || parked.releasing || parked.successor.is_some() {
+            return None;
+        }
+        parked.lazy = false;
+        Some(parked.hold.clone())
+    }
+
     /// The hold's release task starts: takes the successor, if one asked. None when `hold` is
     /// no longer parked, or its release was started by its successor.
     pub(crate) fn start(&self, hold: &Arc<DriverHold>) -> Option<Option<TakeOver>> {
-        let mut parked = self.holds.get_mut(hold.lock.keys().id().as_ref())?;
+        let lock_id = hold.lock.keys().id().as_ref();
+        let mut parked = self.holds.get_mut(lock_id)?;
         if !Arc::ptr_eq(&parked.hold, hold) || parked.releasing {
             return None;
         }
         parked.releasing = true;
-        Some(parked.successor.take())
+        let successor = parked.successor.take();
+        drop(parked);
+        self.disarm(lock_id);
+        Some(successor)
     }
 
     /// The successor `waiter` of the parked hold of `lock_id` starts the release itself (the
@@ -142,7 +227,10 @@ impl ParkedHolds {
         }
         parked.releasing = true;
         parked.successor = None;
-        Some(parked.hold.clone())
+        let hold = parked.hold.clone();
+        drop(parked);
+        self.disarm(lock_id);
+        Some(hold)
     }
 
     /// The release of `hold` is done: it is no longer parked, and its followers ask Redis.
@@ -153,12 +241,7 @@ impl ParkedHolds {
                 Arc::ptr_eq(&parked.hold, hold)
             });
         if let Some((_, parked)) = removed {
-            for follower in parked.followers {
-                let _ = follower.send(Ok(Released::Yes {
-                    remaining: 0,
-                    successor: Successor::Passed,
-                }));
-            }
+            answer_followers(parked.followers);
         }
         self.finished.notify_waiters();
     }
@@ -189,6 +272,7 @@ impl ParkedHolds {
     /// Takes every parked hold whose release has not started (shutdown). Its successor and
     /// followers are dropped unanswered: they ask Redis like any other acquisition.
     pub(crate) fn drain(&self) -> Vec<Arc<DriverHold>> {
+        self.timers.clear();
         let ids: Vec<Arc<str>> = self.holds.iter().map(|e| e.key().clone()).collect();
         ids.iter()
             .filter_map(|id| self.holds.remove_if(id, |_, parked| !parked.releasing))
@@ -213,5 +297,15 @@ impl ParkedHolds {
                 .holds
                 .get(driver.keys().id().as_ref())
                 .is_some_and(|parked| parked.hold.lock.hold_role() == driver.hold_role())
+    }
+}
+
+/// Tells the followers of a release that it is done: they ask Redis.
+fn answer_followers(followers: Vec<oneshot::Sender<Result<Released>>>) {
+    for follower in followers {
+        let _ = follower.send(Ok(Released::Yes {
+            remaining: 0,
+            successor: Successor::Passed,
+        }));
     }
 }

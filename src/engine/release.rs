@@ -15,7 +15,9 @@
 //!   successor of its release: one script call both ends the old hold and starts its own,
 //!   where a release and an acquire would take two. The call is sent by the hold's release
 //!   task, spawned when the hold was parked, which the acquisition then waits for; with
-//!   nobody to take the hold over, that task just releases it.
+//!   nobody to take the hold over, that task just releases it. A loop's holds are parked
+//!   lazily, without that task (see [`super::parked`]): the acquisition sends the call itself,
+//!   and the lock's turn timer releases a hold nobody took over.
 //!
 //! Why the parked hold's own task sends the take-over, not the acquisition: tokio runs a task
 //! spawned by a worker in that worker's next slot (its LIFO slot), and waking fred's router
@@ -32,14 +34,16 @@
 //! in the manner of `parking_lot`: barging within a process for throughput, a forced hand-off
 //! to the queue to bound every wait.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::task::{Wake, Waker};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::cohort;
-use super::parked::{Asked, TakeOver};
+use super::parked::{Asked, TakeOver, TURN_TIMER_CAP};
 use super::{Driver, DriverHold, Released, Successor};
 use crate::error::{Backoff, NotHeldReason, Result};
 use crate::notify::{Bid, Claim, HandedOver, WakeRule};
@@ -138,7 +142,19 @@ fn defer(hold: &Arc<DriverHold>) -> bool {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return false;
     };
-    if !deferrable || !core.parked.park(hold) {
+    // A hold its task took over from its own deferred release (a loop) is parked lazily while
+    // it may still pass on within the process: that task will likely ask again at once (see
+    // `super::parked`). Not a fair lock's: its queue is served at once.
+    let passes_on = driver
+        .handover()
+        .is_some_and(|handover| handover.hands_over_locally());
+    let window = if passes_on && hold.was_retaken() {
+        cohort::window_left(hold)
+    } else {
+        Duration::ZERO
+    };
+    let lazily = !window.is_zero();
+    if !deferrable || !core.parked.park(hold, lazily) {
         return false;
     }
     // Others wait for the lock: its next calls go through the full scripts
@@ -147,24 +163,62 @@ fn defer(hold: &Arc<DriverHold>) -> bool {
     tracing::trace!(
         lock = driver.keys().name(),
         token = hold.token,
+        lazily,
         "release deferred"
     );
-    // The spawned task runs once the releasing task yields (tokio runs a task spawned by a
-    // worker in that worker's next slot, without waking another worker): a task that asks for
-    // the lock again before its next await names itself the successor first, and this task
-    // sends the release that hands it the lock. No `yield_now` here: on a multi-threaded
-    // runtime each one would wake an idle worker thread.
-    let hold = hold.clone();
-    runtime.spawn(async move {
-        let parked = &hold.lock.engine().parked;
-        match parked.start(&hold) {
-            Some(Some(take_over)) => hand_parked_over(&hold, take_over).await,
-            Some(None) => release_parked(&hold).await,
-            None => return,
-        }
-        parked.finish(&hold);
-    });
+    if lazily {
+        core.ctx.deferred_lazily.fetch_add(1, Ordering::Relaxed);
+        let at = Instant::now() + window.min(TURN_TIMER_CAP);
+        core.parked.arm(driver.keys().id(), at, || {
+            Waker::from(Arc::new(TurnTimer {
+                runtime: runtime.clone(),
+                lock: driver.clone(),
+            }))
+        });
+    } else {
+        // The spawned task runs once the releasing task yields (tokio runs a task spawned by
+        // a worker in that worker's next slot, without waking another worker): a task that
+        // asks for the lock again before its next await names itself the successor first, and
+        // this task sends the release that hands it the lock. No `yield_now` here: on a
+        // multi-threaded runtime each one would wake an idle worker thread.
+        runtime.spawn(run_parked(hold.clone()));
+    }
     true
+}
+
+/// The release task of a parked hold: sends the release, naming the acquisition that asked
+/// for the hold meanwhile, if one did; nothing when the hold was taken over without a call.
+async fn run_parked(hold: Arc<DriverHold>) {
+    let parked = &hold.lock.engine().parked;
+    match parked.start(&hold) {
+        Some(Some(take_over)) => hand_parked_over(&hold, take_over).await,
+        Some(None) => release_parked(&hold).await,
+        None => return,
+    }
+    parked.finish(&hold);
+}
+
+/// What a lock's turn timer wakes when it fires (see `super::parked`): the release task of
+/// the lock's lazily parked hold, if nobody took it over.
+struct TurnTimer {
+    runtime: tokio::runtime::Handle,
+    lock: Arc<dyn Driver>,
+}
+
+impl Wake for TurnTimer {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let lock = self.lock.clone();
+        self.runtime.spawn(async move {
+            let lazy = lock.engine().parked.lazy_release(lock.keys().id());
+            if let Some(hold) = lazy {
+                run_parked(hold).await;
+            }
+        });
+    }
 }
 
 /// Sends the release of a parked hold naming the acquisition that asked to take it over, and
@@ -215,6 +269,8 @@ pub(crate) async fn take_parked(
     let parked = &driver.engine().parked;
     let lock_id = driver.keys().id();
     let outcome = match parked.ask(lock_id, waiter, bid, give_up)? {
+        // Parked lazily: no task of its own sends the release.
+        Asked::Release(hold) => take_over_now(hold, waiter, bid, give_up).await,
         Asked::Follower(done) => {
             // Someone else's release of the hold is on its way: ask Redis once it is done.
             let until = give_up.unwrap_or_else(|| Instant::now() + NO_GIVE_UP);
@@ -245,7 +301,8 @@ pub(crate) async fn take_parked(
 }
 
 /// The parked hold's task did not start within [`TAKE_OVER_GRACE`] (the releasing task kept
-/// its worker busy): the acquisition sends the take-over itself.
+/// its worker busy), or it has none (parked lazily): the acquisition sends the take-over
+/// itself.
 async fn take_over_now(
     hold: Arc<DriverHold>,
     waiter: &str,
